@@ -1,0 +1,3 @@
+from dayzero.cli import main
+
+raise SystemExit(main())
