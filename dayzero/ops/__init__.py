@@ -1,0 +1,25 @@
+"""The operator library: each op is a reference function (the specification) plus optional kernels.
+
+Importing this package defines the built-in ops in `REGISTRY`. Call an op like a function,
+`ops.rms_norm(x, w, eps)`; the registry picks the implementation from the inputs' device.
+"""
+
+from dayzero.ops.registry import REGISTRY, Registry, backends_for, coverage_table, reference_op
+from dayzero.ops.norm import layer_norm, rms_norm
+from dayzero.ops.rope import rope
+from dayzero.ops.activation import swiglu, swiglu_clamped
+from dayzero.ops.linear import linear
+
+__all__ = [
+    "REGISTRY",
+    "Registry",
+    "backends_for",
+    "coverage_table",
+    "reference_op",
+    "layer_norm",
+    "rms_norm",
+    "rope",
+    "swiglu",
+    "swiglu_clamped",
+    "linear",
+]

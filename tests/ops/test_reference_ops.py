@@ -1,0 +1,87 @@
+"""Reference ops against independent formulations (torch.nn.functional, complex arithmetic, transformers)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dayzero import ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_torch(dtype):
+    x = torch.randn(5, 7, 64, dtype=dtype)
+    w = torch.randn(64, dtype=dtype)
+    expected = w * F.rms_norm(x.float(), (64,), eps=1e-6).to(dtype)
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), expected, rtol=0, atol=0)
+
+
+def test_rms_norm_matches_transformers_module():
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
+
+    m = DeepseekV3RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        m.weight.normal_()
+    x = torch.randn(3, 48).bfloat16()
+    m = m.bfloat16()
+    torch.testing.assert_close(ops.rms_norm(x, m.weight, 1e-5), m(x), rtol=0, atol=0)
+
+
+def test_layer_norm_matches_torch():
+    x = torch.randn(4, 32)
+    w, b = torch.randn(32), torch.randn(32)
+    torch.testing.assert_close(ops.layer_norm(x, w, b, 1e-5), F.layer_norm(x, (32,), w, b, 1e-5))
+
+
+def _angles(t, d, base=10000.0):
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    pos = torch.randint(0, 5000, (t,)).double()
+    return torch.outer(pos, inv)
+
+
+def test_rope_interleaved_is_complex_rotation():
+    t, h, d = 6, 3, 16
+    x = torch.randn(t, h, d, dtype=torch.float64)
+    ang = _angles(t, d)
+    z = torch.view_as_complex(x.reshape(t, h, d // 2, 2).contiguous())
+    expected = torch.view_as_real(z * torch.polar(torch.ones_like(ang), ang)[:, None, :]).flatten(-2)
+    out = ops.rope(x, ang.cos(), ang.sin(), interleaved=True)
+    torch.testing.assert_close(out, expected.to(out.dtype), rtol=1e-6, atol=1e-6)
+
+
+def test_rope_half_split_matches_transformers_rotate_half():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    t, h, d = 5, 2, 32
+    x = torch.randn(t, h, d)
+    ang = _angles(t, d).float()
+    cos = torch.cat([ang.cos(), ang.cos()], -1)
+    sin = torch.cat([ang.sin(), ang.sin()], -1)
+    # transformers wants [batch, heads, seq, dim]
+    q = x.permute(1, 0, 2)[None]
+    expected, _ = apply_rotary_pos_emb(q, q, cos[None], sin[None])
+    out = ops.rope(x, ang.cos(), ang.sin(), interleaved=False)
+    torch.testing.assert_close(out, expected[0].permute(1, 0, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="twice cos/sin last dim"):
+        ops.rope(torch.randn(2, 3, 8), torch.randn(2, 3), torch.randn(2, 3), interleaved=True)
+    with pytest.raises(ValueError, match="3 positions, x has 2 tokens"):
+        ops.rope(torch.randn(2, 8), torch.randn(3, 4), torch.randn(3, 4), interleaved=False)
+
+
+def test_swiglu_and_clamped_variant():
+    g, u = torch.randn(4, 10) * 5, torch.randn(4, 10) * 5
+    torch.testing.assert_close(ops.swiglu(g, u), g * torch.sigmoid(g) * u)
+    gc = torch.minimum(g, torch.tensor(7.0))
+    uc = u.clamp(-7, 7)
+    torch.testing.assert_close(ops.swiglu_clamped(g, u), gc * torch.sigmoid(1.702 * gc) * (uc + 1))
+    big = torch.full((1, 2), 100.0)
+    assert torch.isfinite(ops.swiglu_clamped(big, big)).all()
+
+
+def test_linear_and_error():
+    x, w, b = torch.randn(3, 16), torch.randn(8, 16), torch.randn(8)
+    torch.testing.assert_close(ops.linear(x, w, b), x @ w.T + b)
+    with pytest.raises(ValueError, match="disagree on K"):
+        ops.linear(x, torch.randn(8, 15))

@@ -1,0 +1,79 @@
+import pytest
+import torch
+
+from dayzero.ops.registry import REFERENCE, Registry
+
+
+def _registry_with_kernels():
+    reg = Registry()
+    op = reg.define("scale", lambda x, k: x * k, "multiply by k")
+    reg.register_kernel("scale", lambda x, k: ("fast", x * k), backend="fast", devices=["cpu"], priority=20)
+    reg.register_kernel(
+        "scale",
+        lambda x, k: ("picky", x * k),
+        backend="picky",
+        devices=["cpu"],
+        priority=30,
+        supports=lambda x, k: x.shape[-1] % 4 == 0,
+    )
+    reg.register_kernel("scale", lambda x, k: ("gpu", x), backend="gpu_only", devices=["cuda"], priority=99)
+    reg.register_kernel("scale", lambda x, k: ("gone", x), backend="gone", devices=["cpu"], priority=50, available=lambda: False)
+    return reg, op
+
+
+def test_highest_priority_available_supported_kernel_wins():
+    reg, op = _registry_with_kernels()
+    x = torch.randn(2, 8)
+    tag, out = op(x, 3.0)
+    assert tag == "picky"  # "gone" is unavailable, "gpu_only" does not run on cpu
+    torch.testing.assert_close(out, x * 3.0)
+
+
+def test_supports_predicate_falls_through_to_next_kernel():
+    reg, op = _registry_with_kernels()
+    tag, _ = op(torch.randn(2, 6), 2.0)
+    assert tag == "fast"
+
+
+def test_forced_reference_and_missing_forced_backend():
+    reg, op = _registry_with_kernels()
+    x = torch.randn(2, 8)
+    with reg.force_backend(REFERENCE):
+        torch.testing.assert_close(op(x, 2.0), x * 2.0)
+    with reg.force_backend("gpu_only"):
+        with pytest.raises(RuntimeError, match="no 'gpu_only' implementation for device 'cpu'"):
+            op(x, 2.0)
+
+
+def test_env_forces_backend(monkeypatch):
+    reg, op = _registry_with_kernels()
+    monkeypatch.setenv("DAYZERO_BACKEND", "fast")
+    assert op(torch.randn(1, 8), 1.0)[0] == "fast"
+
+
+def test_backends_and_coverage_table():
+    reg, _ = _registry_with_kernels()
+    assert reg.backends_for("scale") == [REFERENCE, "gpu_only", "gone", "picky", "fast"]
+    assert reg.backends_for("nope") == []
+    table = reg.coverage_table(["scale", "nope"])
+    lines = table.splitlines()
+    assert lines[0].split() == ["op", REFERENCE, "fast", "gone", "gpu_only", "picky"]
+    assert "unavailable here" in table
+    assert lines[-1].split() == ["nope", "MISSING"]
+
+
+def test_definition_errors():
+    reg, _ = _registry_with_kernels()
+    with pytest.raises(ValueError, match="already defined"):
+        reg.define("scale", lambda x: x)
+    with pytest.raises(ValueError, match="already has a 'fast' kernel"):
+        reg.register_kernel("scale", lambda x: x, backend="fast", devices=["cpu"])
+    with pytest.raises(KeyError, match="unknown op 'missing'; defined ops: scale"):
+        reg.register_kernel("missing", lambda x: x, backend="b", devices=["cpu"])
+
+
+def test_builtin_ops_are_defined_with_reference():
+    from dayzero import ops
+
+    for name in ["rms_norm", "layer_norm", "rope", "swiglu", "swiglu_clamped", "linear"]:
+        assert ops.backends_for(name)[0] == REFERENCE
