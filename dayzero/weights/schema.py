@@ -1,0 +1,102 @@
+"""Checking a checkpoint's catalogue against the tensors a model expects, before reading data."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from dayzero.weights.checkpoint import Checkpoint
+from dayzero.weights.errors import (MissingTensorError, TensorDtypeError, TensorShapeError,
+                                    UnexpectedTensorError, WeightsError)
+
+# Problems listed in one error message; all of them are still in the error's .problems.
+MAX_REPORTED_PROBLEMS = 20
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What the model expects of one tensor, as loaded into torch (F4: float4_e2m1fn_x2 shape).
+    shape None: any shape; a None entry: any size along that dim. dtype None: any dtype."""
+
+    shape: tuple[int | None, ...] | None = None
+    dtype: torch.dtype | None = None
+
+
+def find_problems(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
+                  allow_unexpected: bool = False,
+                  ignore_unexpected: Iterable[str | re.Pattern] = ()) -> list[WeightsError]:
+    """Every mismatch between `expected` and the checkpoint, most serious kind first: missing,
+    wrong shape, wrong dtype, unexpected. Unexpected tensors matching an `ignore_unexpected`
+    regex (re.search, like transformers' _keys_to_ignore_on_load_unexpected) are not problems."""
+    missing, shape, dtype, unexpected = [], [], [], []
+    for name, spec in expected.items():
+        info = checkpoint.tensors.get(name)
+        if info is None:
+            missing.append(MissingTensorError(
+                f"{name}: expected by the model ({_describe(spec)}) but not in {checkpoint.path} "
+                f"({len(checkpoint.files)} file(s))", tensor=name, file=checkpoint.path))
+            continue
+        if spec.shape is not None and not _shape_matches(spec.shape, info.torch_shape):
+            shape.append(TensorShapeError(
+                f"{name} in {info.file}: expected shape {_format_shape(spec.shape)}, found "
+                f"{_format_shape(info.torch_shape)}", tensor=name, file=info.file))
+        if spec.dtype is not None and info.torch_dtype != spec.dtype:
+            dtype.append(TensorDtypeError(
+                f"{name} in {info.file}: expected dtype {_dtype_name(spec.dtype)}, found "
+                f"{_dtype_name(info.torch_dtype)} ({info.dtype})", tensor=name, file=info.file))
+
+    if not allow_unexpected:
+        patterns = [re.compile(p) for p in ignore_unexpected]
+        for name, info in checkpoint.tensors.items():
+            if name not in expected and not any(p.search(name) for p in patterns):
+                unexpected.append(UnexpectedTensorError(
+                    f"{name} in {info.file}: not expected by the model ({info.dtype} "
+                    f"{list(info.shape)}); pass allow_unexpected=True or an ignore_unexpected "
+                    f"pattern to skip it", tensor=name, file=info.file))
+    return missing + shape + dtype + unexpected
+
+
+def check_schema(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
+                 allow_unexpected: bool = False,
+                 ignore_unexpected: Iterable[str | re.Pattern] = ()) -> None:
+    """Raise the first of `find_problems`, with all of them in its message and `.problems`."""
+    problems = find_problems(checkpoint, expected, allow_unexpected=allow_unexpected,
+                             ignore_unexpected=ignore_unexpected)
+    if not problems:
+        return
+    if len(problems) == 1:
+        raise problems[0]
+    kinds = {MissingTensorError: "missing", TensorShapeError: "wrong shape",
+             TensorDtypeError: "wrong dtype", UnexpectedTensorError: "unexpected"}
+    counts = ", ".join(f"{sum(type(p) is kind for p in problems)} {label}"
+                       for kind, label in kinds.items() if any(type(p) is kind for p in problems))
+    lines = [f"Checkpoint {checkpoint.path} does not match the model: {counts}"]
+    lines += [f"  - {p}" for p in problems[:MAX_REPORTED_PROBLEMS]]
+    if len(problems) > MAX_REPORTED_PROBLEMS:
+        lines.append(f"  ... and {len(problems) - MAX_REPORTED_PROBLEMS} more")
+    first = problems[0]
+    error = type(first)("\n".join(lines), tensor=first.tensor, file=first.file)
+    error.problems = problems
+    raise error
+
+
+def _shape_matches(expected: tuple[int | None, ...], found: tuple[int, ...]) -> bool:
+    return len(expected) == len(found) and all(e is None or e == f for e, f in zip(expected, found))
+
+
+def _format_shape(shape: tuple[int | None, ...]) -> str:
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _describe(spec: TensorSpec) -> str:
+    shape = "any shape" if spec.shape is None else f"shape {_format_shape(spec.shape)}"
+    dtype = "any dtype" if spec.dtype is None else _dtype_name(spec.dtype)
+    return f"{shape}, {dtype}"
+
