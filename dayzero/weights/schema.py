@@ -88,7 +88,8 @@ def _shape_matches(expected: tuple[int | None, ...], found: tuple[int, ...]) -> 
 
 
 def _format_shape(shape: tuple[int | None, ...]) -> str:
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+    dims = ", ".join("?" if d is None else str(d) for d in shape)
+    return f"({dims},)" if len(shape) == 1 else f"({dims})"
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
