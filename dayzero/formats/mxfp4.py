@@ -65,7 +65,7 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     the E8M0 range [-127, 127]; it is read from the float's own exponent (frexp), not from log2.
     Elements: x / 2^shared_exp rounded to nearest, ties to even, onto the E2M1 grid, saturating
     at +-6 (values in (5, 8) become 6). The sign is kept, so tiny negatives become -0 (code 0x8).
-    All-zero block: scale byte 0x00 (2^-127, the smallest), all codes 0x0.
+    All-zero block: scale byte 0x00 (2^-127, the smallest), codes 0x0 (0x8 for -0.0).
     NaN anywhere in a block: scale byte 0xFF and all codes 0x0; the block dequantizes to NaN.
     +-Inf: ValueError (MXFP4 has no Inf; saturating would hide a broken tensor).
     Computed in float32 (float64 for float64 input), so every step is exact but the rounding.

@@ -72,6 +72,13 @@ def test_ue8m0_scales_are_powers_of_two_rounded_up():
     assert (amax / scale_inv <= 448).all() and (amax / scale_inv > 224).all()
 
 
+def test_ue8m0_exact_power_of_two_is_not_rounded_up():
+    x = torch.tensor([[448.0 * 2**-3, 1.0], [448.0 * 2**-3 * (1 + 2**-20), -1.0]])
+    x_fp8, scales = fp8.quantize_activation_groups(x, scale_format="ue8m0")
+    assert scales[:, 0].tolist() == [2.0**-3, 2.0**-2]
+    assert x_fp8[0, 0].float().item() == 448.0
+
+
 def test_ue8m0_scales_as_float8_e8m0fnu():
     w = random_weight((2, 200, 300), seed=12)
     w_fp8, as_float = fp8.quantize_weight_blocks(w, scale_format="ue8m0")
