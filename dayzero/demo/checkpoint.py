@@ -140,6 +140,7 @@ def demo_checkpoint(path: str | os.PathLike | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         build_demo_checkpoint(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private
         try:
             staging.rename(target)  # atomic; also replaces an empty directory at target
         except OSError as e:
