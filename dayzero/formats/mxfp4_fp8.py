@@ -47,7 +47,7 @@ _NO_EXPONENT = -(1 << 20)  # stands in for NaN blocks and padding when taking th
 class Mxfp4AsFp8:
     values: torch.Tensor  # float8_e4m3fn [..., K]
     scales: torch.Tensor  # float32 [..., ceil(K/group)], powers of two; value = values * scales per group
-    out_of_window_blocks: int  # blocks more than 14 binades below their group's largest block (lossy)
+    out_of_window_blocks: int  # blocks more than 14 binades below their group's largest block (may be lossy)
 
 
 def mxfp4_to_fp8(blocks: torch.Tensor, scales: torch.Tensor, group: int = GROUP_SIZE) -> Mxfp4AsFp8:
