@@ -8,7 +8,8 @@ from dayzero.ops.registry import REGISTRY, Registry, backends_for, coverage_tabl
 from dayzero.ops.norm import layer_norm, rms_norm
 from dayzero.ops.rope import rope
 from dayzero.ops.activation import swiglu, swiglu_clamped
-from dayzero.ops.linear import linear
+from dayzero.ops.linear import linear, linear_fp8_block, linear_mxfp4
+from dayzero.ops.quant import mxfp4_dequantize, mxfp4_to_fp8_op as mxfp4_to_fp8
 
 __all__ = [
     "REGISTRY",
@@ -22,4 +23,8 @@ __all__ = [
     "swiglu",
     "swiglu_clamped",
     "linear",
+    "linear_fp8_block",
+    "linear_mxfp4",
+    "mxfp4_dequantize",
+    "mxfp4_to_fp8",
 ]

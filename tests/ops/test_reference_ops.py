@@ -85,3 +85,35 @@ def test_linear_and_error():
     torch.testing.assert_close(ops.linear(x, w, b), x @ w.T + b)
     with pytest.raises(ValueError, match="disagree on K"):
         ops.linear(x, torch.randn(8, 15))
+
+
+def test_linear_fp8_block_matches_float8_dequantization():
+    from dayzero.formats.fp8 import quantize_weight_blocks
+
+    w = torch.randn(200, 160)
+    q, s = quantize_weight_blocks(w)
+    x = torch.randn(3, 160)
+    # independent dequantization: torch's own float8 -> float32 cast, scales expanded by hand
+    s_full = s.repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)[:, :160]
+    expected = x @ (q.float() * s_full).T
+    torch.testing.assert_close(ops.linear_fp8_block(x, q, s), expected)
+
+
+def test_linear_mxfp4_matches_ml_dtypes_dequantization():
+    import ml_dtypes
+    import numpy as np
+
+    from dayzero.formats import mxfp4
+
+    w = torch.randn(24, 64)
+    blocks, scales = mxfp4.quantize(w)
+    b = blocks.numpy()
+    codes = np.stack([b & 0xF, b >> 4], axis=-1).reshape(24, 2, 32)
+    lut = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    scale = scales.numpy().view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    w_ref = torch.from_numpy((lut[codes] * scale[..., None]).reshape(24, 64))
+    x = torch.randn(5, 64)
+    torch.testing.assert_close(ops.linear_mxfp4(x, blocks, scales), x @ w_ref.T)
+    torch.testing.assert_close(ops.mxfp4_dequantize(blocks, scales, torch.float32), w_ref, rtol=0, atol=0)
+    conv = ops.mxfp4_to_fp8(blocks, scales)
+    torch.testing.assert_close(conv.values.float() * conv.scales.repeat_interleave(128, -1)[:, :64], w_ref, rtol=0, atol=0)

@@ -1,0 +1,159 @@
+"""Which operators a model needs, by canonical op name, and which backends cover them.
+
+The names below are the vocabulary shared by the spec, the registry and the kernels: an op
+registered under another name is not found. `required_ops(layer)` lists what one decoder layer
+calls; `model_ops(spec)` adds the model-level parts (embedding, final norm, lm_head, hyper-head,
+vision tower). Coverage comes from `dayzero.ops.registry.backends_for`; an op it does not know is
+reported with no backend, i.e. missing.
+"""
+
+from __future__ import annotations
+
+from dayzero.spec import LayerSpec, ModelSpec
+
+# norms
+RMS_NORM = "rms_norm"
+LAYER_NORM = "layer_norm"
+GATED_RMS_NORM = "gated_rms_norm"
+# position
+ROPE = "rope"
+# projections
+EMBEDDING = "embedding"
+LINEAR = "linear"  # bf16
+LINEAR_FP8_BLOCK = "linear_fp8_block"  # e4m3 weights, one scale per 128x128 block
+# attention
+MLA_ATTENTION = "mla_attention"
+GQA_ATTENTION = "gqa_attention"  # sinks and sliding window are parameters
+LIGHTNING_INDEXER = "lightning_indexer"
+TOPK_SELECT = "topk_select"
+SPARSE_MLA_ATTENTION = "sparse_mla_attention"
+KV_COMPRESSOR = "kv_compressor"  # DeepSeek-V4 CSA/HCA compression of ratio-token windows
+SPARSE_ATTENTION = "sparse_attention"  # DeepSeek-V4: window + selected compressed entries, with sinks
+SHORT_CONV1D = "short_conv1d"
+KDA_CHUNK = "kda_chunk"  # prefill
+KDA_RECURRENT = "kda_recurrent"  # decode
+# MoE
+ROUTE_SOFTMAX_TOPK = "route_softmax_topk"
+ROUTE_SIGMOID_GROUPED = "route_sigmoid_grouped"
+ROUTE_SQRTSOFTPLUS = "route_sqrtsoftplus"
+ROUTE_HASH = "route_hash"
+MOE_EXPERTS_BF16 = "moe_experts_bf16"
+MOE_EXPERTS_FP8 = "moe_experts_fp8"
+MOE_EXPERTS_MXFP4 = "moe_experts_mxfp4"
+# activations
+SWIGLU = "swiglu"
+SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss
+SITU = "situ"
+# cross-layer
+HYPER_CONNECTION = "hyper_connection"
+ATTENTION_RESIDUAL = "attention_residual"
+# vision
+VISION_ENCODER = "vision_encoder"
+
+ALL_OPS = (
+    RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
+    MLA_ATTENTION, GQA_ATTENTION, LIGHTNING_INDEXER, TOPK_SELECT, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
+    SPARSE_ATTENTION, SHORT_CONV1D, KDA_CHUNK, KDA_RECURRENT,
+    ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
+    MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
+    SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, ATTENTION_RESIDUAL, VISION_ENCODER,
+)
+
+_ROUTE_OP = {"softmax": ROUTE_SOFTMAX_TOPK, "sigmoid": ROUTE_SIGMOID_GROUPED, "sqrtsoftplus": ROUTE_SQRTSOFTPLUS}
+# int4 experts run through the same converted-FP8 path as MXFP4 until an int4 kernel exists.
+_EXPERTS_OP = {"bf16": MOE_EXPERTS_BF16, "fp8": MOE_EXPERTS_FP8, "mxfp4": MOE_EXPERTS_MXFP4, "int4": MOE_EXPERTS_MXFP4}
+_ACTIVATION_OP = {"swiglu": SWIGLU, "swiglu_clamped": SWIGLU_CLAMPED, "situ": SITU}
+
+
+def _linear_op(fmt: str) -> str:
+    return LINEAR_FP8_BLOCK if fmt == "fp8" else LINEAR
+
+
+def _attention_ops(layer: LayerSpec) -> list[str]:
+    a = layer.attention
+    ops = [RMS_NORM, _linear_op(layer.linear_format)]
+    if a.kind in ("mla", "dsa"):
+        if not a.nope:
+            ops.append(ROPE)
+        ops.append(MLA_ATTENTION)
+        if a.kind == "dsa":  # the indexer's key norm is a LayerNorm; short sequences run dense MLA
+            ops += [LAYER_NORM, LIGHTNING_INDEXER, TOPK_SELECT, SPARSE_MLA_ATTENTION]
+    elif a.o_groups is not None:  # DeepSeek-V4: swa / csa / hca share one attention over window + compressed
+        ops.append(ROPE)
+        if a.kind in ("csa", "hca"):
+            ops.append(KV_COMPRESSOR)
+        if a.kind == "csa":
+            ops += [LIGHTNING_INDEXER, TOPK_SELECT]
+        ops.append(SPARSE_ATTENTION)
+    elif a.kind in ("swa", "gqa"):
+        ops += [ROPE, GQA_ATTENTION]
+    else:  # kda
+        ops += [SHORT_CONV1D, KDA_CHUNK, KDA_RECURRENT, GATED_RMS_NORM]
+    return ops
+
+
+def _mlp_ops(layer: LayerSpec) -> list[str]:
+    mlp = layer.mlp
+    act = _ACTIVATION_OP[mlp.activation.kind]
+    if mlp.kind == "dense":
+        return [_linear_op(layer.linear_format), act]
+    e = mlp.experts
+    ops = [ROUTE_HASH if mlp.kind == "hash_moe" else _ROUTE_OP[e.routing.function], _EXPERTS_OP[e.format], act]
+    if e.num_shared:
+        ops.append(_linear_op(layer.linear_format))
+    if e.latent_dim:
+        ops.append(_linear_op(layer.linear_format))
+        if e.latent_norm:
+            ops.append(RMS_NORM)
+    return ops
+
+
+def required_ops(layer: LayerSpec) -> list[str]:
+    """Canonical ops one decoder layer calls, without duplicates, in call order."""
+    ops = _attention_ops(layer) + _mlp_ops(layer)
+    if layer.cross_layer == "hyper_connection":
+        ops.append(HYPER_CONNECTION)
+    elif layer.cross_layer == "attention_residual":
+        ops.append(ATTENTION_RESIDUAL)
+    return list(dict.fromkeys(ops))
+
+
+def model_level_ops(spec: ModelSpec) -> dict[str, list[str]]:
+    """Ops outside the decoder layers, by part."""
+    parts = {
+        "embedding": [EMBEDDING],
+        "final_norm": [RMS_NORM],
+        "lm_head": [LINEAR],
+    }
+    if spec.cross_layer.kind == "hyper_connection":
+        parts["hyper_head"] = [HYPER_CONNECTION]
+    elif spec.cross_layer.kind == "attention_residual":
+        parts["output_mix"] = [ATTENTION_RESIDUAL]
+    if spec.vision is not None:
+        parts["vision_tower"] = [VISION_ENCODER]
+    return parts
+
+
+def model_ops(spec: ModelSpec) -> list[str]:
+    """Every canonical op the model needs, without duplicates."""
+    ops: list[str] = []
+    for layer in spec.layers:
+        ops += required_ops(layer)
+    for part_ops in model_level_ops(spec).values():
+        ops += part_ops
+    return list(dict.fromkeys(ops))
+
+
+def backends_for(op_name: str) -> list[str]:
+    """Backends implementing op_name, [] when none (or when the registry is not importable)."""
+    try:
+        from dayzero.ops import registry
+    except ImportError:
+        return []
+    lookup = getattr(registry, "backends_for", None)
+    return list(lookup(op_name)) if lookup is not None else []
+
+
+def coverage(ops: list[str]) -> dict[str, list[str]]:
+    """{op: backends}; an empty list means the op has no implementation yet."""
+    return {op: backends_for(op) for op in ops}
