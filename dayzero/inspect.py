@@ -1,0 +1,245 @@
+"""`dayzero inspect`: what a checkpoint is, what it needs, and whether it fits.
+
+`build_report(path_or_spec, gpus, gpu_mem_gib, context)` returns a plain dict (the `--json`
+output): features, per-layer kinds, parameter counts, ops needed with the backends that cover
+them, and the memory plan. `format_report(report)` renders it as text tables. Only config.json
+is read; docs/inspect.md states every convention.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from dayzero import plan
+from dayzero.ops import requirements
+from dayzero.spec import ModelSpec, load_spec
+
+MAX_PERIOD = 4  # longest repeating layer pattern folded into one run, e.g. (kda, kda, kda, mla)
+
+
+def compress_runs(labels: list[str]) -> list[tuple[int, int, tuple[str, ...]]]:
+    """Fold per-layer labels into (first, last, pattern) runs: a pattern of 1..MAX_PERIOD labels
+    repeated over layers first..last (whole repetitions only)."""
+    runs: list[tuple[int, int, tuple[str, ...]]] = []
+    i, n = 0, len(labels)
+    while i < n:
+        j = i + 1
+        while j < n and labels[j] == labels[i]:
+            j += 1
+        best_p, best_len = 1, j - i
+        for p in range(2, MAX_PERIOD + 1):
+            if i + 2 * p > n or len(set(labels[i : i + p])) == 1:
+                continue
+            k = i + p
+            while k < n and labels[k] == labels[k - p]:
+                k += 1
+            length = (k - i) // p * p
+            if length >= 2 * p and length > best_len:
+                best_p, best_len = p, length
+        runs.append((i, i + best_len - 1, tuple(labels[i : i + best_p])))
+        i += best_len
+    return runs
+
+
+def format_runs(runs: list[tuple[int, int, tuple[str, ...]]]) -> list[str]:
+    out = []
+    for first, last, pattern in runs:
+        where = f"layer {first}" if first == last else f"layers {first}-{last}"
+        if len(pattern) == 1:
+            out.append(f"{where}: {pattern[0]}")
+        else:
+            reps = (last - first + 1) // len(pattern)
+            out.append(f"{where}: ({', '.join(pattern)}) x{reps}")
+    return out
+
+
+def _ops_table(spec: ModelSpec) -> list[dict]:
+    used_by: dict[str, list[str]] = {}
+    for layer in spec.layers:
+        for op in requirements.required_ops(layer):
+            used_by.setdefault(op, []).append(f"{layer.attention.kind}+{layer.mlp.kind}")
+    for part, ops in requirements.model_level_ops(spec).items():
+        for op in ops:
+            used_by.setdefault(op, []).append(part)
+    rows = []
+    for op, users in used_by.items():
+        backends = requirements.backends_for(op)
+        rows.append({"op": op, "backends": backends, "used_by": list(dict.fromkeys(users))})
+    return rows
+
+
+def _cache_by_kind(spec: ModelSpec) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for layer in spec.layers:
+        a = layer.attention
+        if a.kind in out:
+            out[a.kind]["layers"] += 1
+            continue
+        bf16, fp8 = plan.layer_cache(a, "bf16"), plan.layer_cache(a, "fp8")
+        out[a.kind] = {
+            "layers": 1,
+            "bytes_per_token_bf16": bf16.per_token,
+            "bytes_per_token_fp8": fp8.per_token,
+            "fixed_bytes_bf16": bf16.fixed,
+            "fixed_bytes_fp8": fp8.fixed,
+            "window": bf16.window,
+            "detail_bf16": bf16.detail,
+        }
+    return out
+
+
+def build_report(
+    path_or_spec: str | Path | Mapping[str, Any] | ModelSpec,
+    gpus: int = 1,
+    gpu_mem_gib: float = plan.H200_GPU_MEM_GIB,
+    context: int | None = None,
+    *,
+    kv_dtype: str = "bf16",
+    activation_reserve_gib: float = 8.0,
+    workspace: plan.WorkspacePolicy = plan.WorkspacePolicy(),
+) -> dict:
+    """The inspect report as a JSON-ready dict. gpu_mem_gib defaults to one H200 (141 GiB)."""
+    spec = path_or_spec if isinstance(path_or_spec, ModelSpec) else load_spec(path_or_spec)
+    labels = [f"{layer.attention.kind}+{layer.mlp.kind}" for layer in spec.layers]
+    attention_kinds = {}
+    for layer in spec.layers:
+        attention_kinds.setdefault(layer.attention.kind, layer.attention.to_dict())
+    e = spec.experts
+    experts = e.to_dict() if e is not None else {"num": 0, "top_k": 0, "format": None}
+    if e is not None:
+        experts["layers"] = sum(1 for layer in spec.layers if layer.mlp.experts is not None)
+        experts["hash_routed_layers"] = [layer.index for layer in spec.layers if layer.mlp.kind == "hash_moe"]
+    mem = plan.memory_plan(spec, gpus, gpu_mem_gib, context=context, kv_dtype=kv_dtype,
+                           activation_reserve_gib=activation_reserve_gib, workspace=workspace)
+    memory = mem.to_dict()
+    memory["cache_by_attention_kind"] = _cache_by_kind(spec)
+    ops = _ops_table(spec)
+    return {
+        "source": spec.source,
+        "model_type": spec.model_type,
+        "text_model_type": spec.text_model_type,
+        "num_layers": spec.num_layers,
+        "hidden_size": spec.hidden_size,
+        "vocab_size": spec.vocab_size,
+        "tie_word_embeddings": spec.tie_word_embeddings,
+        "mtp_layers": spec.mtp_layers,
+        "layers": [{"index": layer.index, "attention": layer.attention.kind, "mlp": layer.mlp.kind,
+                    "linear_format": layer.linear_format} for layer in spec.layers],
+        "layer_runs": format_runs(compress_runs(labels)),
+        "attention_kinds": attention_kinds,
+        "mlp_activation": spec.layers[0].mlp.activation.to_dict() if spec.layers else None,
+        "experts": experts,
+        "weights": spec.quant.to_dict(),
+        "cross_layer_residual": spec.cross_layer.to_dict(),
+        "vision": spec.vision.to_dict() if spec.vision else None,
+        "context": spec.context.to_dict(),
+        "params_total": plan.total_params(spec),
+        "params_active": plan.active_params(spec),
+        "params_by_category": {k: v for k, v in plan.param_counts(spec).items() if v},
+        "ops": ops,
+        "ops_missing": [row["op"] for row in ops if not row["backends"]],
+        "memory": memory,
+    }
+
+
+# -- text -----------------------------------------------------------------------------------------
+
+
+def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: indent + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+def _billions(n: float) -> str:
+    return f"{n / 1e12:.3f} T" if n >= 1e12 else f"{n / 1e9:.2f} B"
+
+
+def _attention_summary(kind: str, a: dict) -> str:
+    keys = ("num_heads", "num_kv_heads", "head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+            "sliding_window", "compress_ratio", "index_n_heads", "index_head_dim", "index_topk", "o_groups",
+            "o_lora_rank", "conv_kernel", "gate_lower_bound", "output_gate")
+    parts = [f"{k}={a[k]}" for k in keys if k in a]
+    parts += [flag for flag in ("nope", "sinks", "bias") if a.get(flag)]
+    return f"{kind}: " + ", ".join(parts)
+
+
+def format_report(report: dict) -> str:
+    r = report
+    ctx = r["context"]
+    lines = [f"dayzero inspect: {r['source']}"]
+    text_type = f" (text: {r['text_model_type']})" if r["text_model_type"] != r["model_type"] else ""
+    lines.append(f"model_type {r['model_type']}{text_type}: {r['num_layers']} layers, hidden {r['hidden_size']}, "
+                 f"vocab {r['vocab_size']}, max context {ctx['max_position_embeddings']}"
+                 + (f" (rope {ctx.get('rope_type')} x{ctx.get('rope_factor')} from {ctx.get('original_max_position_embeddings')})"
+                    if ctx.get("rope_factor") else ""))
+
+    lines += ["", "Features"]
+    features = [["attention", _attention_summary(k, a)] for k, a in r["attention_kinds"].items()]
+    e = r["experts"]
+    if e["num"]:
+        rt = e["routing"]
+        routing = rt["function"] + (" after top-k" if rt["softmax_after_topk"] else "")
+        if rt["correction_bias"]:
+            routing += " + correction bias"
+        if rt["n_group"] > 1:
+            routing += f", group-limited {rt['topk_group']}/{rt['n_group']}"
+        if e["hash_routed_layers"]:
+            routing += f"; hash-routed layers {e['hash_routed_layers']}"
+        desc = (f"{e['num']} routed, top-{e['top_k']}, {e['num_shared']} shared, width {e['intermediate_size']}"
+                + (f", latent {e['latent_dim']}" if e.get("latent_dim") else "") + f"; {e['layers']} MoE layers")
+        features += [["experts", desc], ["routing", routing]]
+    act = r["mlp_activation"] or {}
+    features.append(["activation", ", ".join(f"{k}={v}" for k, v in act.items())])
+    w = r["weights"]
+    features.append(["weights", f"experts {w['expert_format']}, dense {w['dense_format']}"
+                     + (f" (block {w['fp8_block']}, scales {w.get('scale_fmt')})" if w.get("fp8_block") else "")
+                     + (f"; {w['note']}" if w.get("note") else "")])
+    cl = r["cross_layer_residual"]
+    features.append(["cross-layer", ", ".join(f"{k}={v}" for k, v in cl.items())])
+    v = r["vision"]
+    features.append(["vision", "none" if not v else
+                     f"{v['kind']}: {v['num_layers']} layers, hidden {v['hidden_size']}, heads {v['num_heads']}, "
+                     f"patch {v['patch_size']}, merge {v['merge_kernel'][0]}x{v['merge_kernel'][1]}"])
+    lines += [f"  {name:<12} {text}" for name, text in features]
+
+    lines += ["", "Layers (attention+mlp)"] + [f"  {run}" for run in r["layer_runs"]]
+
+    lines += ["", "Parameters",
+              f"  total {_billions(r['params_total'])}, active per token {_billions(r['params_active'])} "
+              "(active = all but embedding table and routed experts, + top-k experts per MoE layer)"]
+    cats = sorted(r["params_by_category"].items(), key=lambda kv: -kv[1])
+    lines += [f"  {k:<18} {_billions(n)}" for k, n in cats]
+
+    lines += ["", "Ops"]
+    rows = [[row["op"], ", ".join(row["backends"]) or "MISSING", ", ".join(row["used_by"])] for row in r["ops"]]
+    lines += _table(["op", "backends", "used by"], rows)
+    missing = r["ops_missing"]
+    lines.append(f"  {len(missing)} of {len(rows)} ops have no implementation" + (f": {', '.join(missing)}" if missing else ""))
+
+    m = r["memory"]
+    lines += ["", f"Memory plan: {m['gpus']} GPU(s) x {m['gpu_mem_gib']:.0f} GiB, KV {m['kv_dtype']}, one sequence"]
+    fmt = ", ".join(f"{k} {g:.1f}" for k, g in m["weights_gib_by_format"].items())
+    plan_rows = [
+        ["weights (total)", f"{m['weights_gib']:.1f} GiB", fmt],
+        ["weights per GPU", f"{m['weights_gib_per_gpu']:.1f} GiB", "split evenly"],
+        ["expert workspace per GPU", f"{m['expert_workspace_gib_per_gpu']:.2f} GiB",
+         f"FP8, {m['workspace_policy']['buffers']} buffer(s), <= top_k x {m['workspace_policy']['max_tokens_per_step']} tokens"],
+        ["activation reserve per GPU", f"{m['activation_reserve_gib_per_gpu']:.1f} GiB", ""],
+        ["free for cache per GPU", f"{m['free_for_cache_gib_per_gpu']:.1f} GiB", ""],
+        ["cache per token", f"{m['cache_bytes_per_token'] / 1024:.1f} KiB", "all layers"],
+        ["bounded cache", f"{m['cache_fixed_gib']:.3f} GiB", "windows, compressor buffers, KDA state"],
+        ["KDA state per request", f"{m['kda_state_gib_per_request']:.3f} GiB", "fp32 recurrent + bf16 conv"],
+        ["longest context", f"{m['max_context_tokens']:,} tokens",
+         f"limit {m['context_limit']:,} with max_position_embeddings"],
+    ]
+    if m.get("context") is not None:
+        plan_rows.append([f"context {m['context']:,}", f"{m['context_cache_gib']:.2f} GiB cache",
+                          "fits" if m["context_fits"] else "does NOT fit"])
+    lines += _table(["", "", ""], plan_rows)[2:]
+    kind_rows = [[k, str(c["layers"]), f"{c['bytes_per_token_bf16']:.0f}", f"{c['bytes_per_token_fp8']:.0f}",
+                  f"{c['fixed_bytes_bf16'] / 1024:.0f}", str(c["window"] or "-")] for k, c in m["cache_by_attention_kind"].items()]
+    lines += ["", "  cache per layer, one sequence"]
+    lines += _table(["kind", "layers", "B/token bf16", "B/token fp8", "bounded KiB bf16", "window"], kind_rows, "    ")
+    return "\n".join(lines)
