@@ -24,7 +24,7 @@ tests compare against them. A value the engine cannot handle raises `Unsupported
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -289,7 +289,7 @@ class ModelSpec:
     tie_word_embeddings: bool = False
     mtp_layers: int = 0
     source: str | None = None
-    extras: dict = field(default_factory=dict)  # family facts plan.py needs (dense widths, ...)
+    extras: dict = field(default_factory=dict)  # family facts outside the fields above (V4 compress_rope_theta)
 
     @property
     def num_layers(self) -> int:
@@ -314,8 +314,7 @@ def load_spec(path_or_config: str | Path | Mapping[str, Any]) -> ModelSpec:
     quant_cfg = _find_quant_config(cfg) or extra_quant
     if model_type in ("kimi_k25", "kimi_k3"):
         return _load_vlm(cfg, model_type, quant_cfg, source)
-    text = _load_text(cfg, model_type, quant_cfg, source)
-    return text
+    return _load_text(cfg, model_type, quant_cfg, source)
 
 
 def _read_config_files(path: Path) -> tuple[dict, str, dict | None]:
@@ -366,13 +365,7 @@ def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -
     tie = _get(cfg, "tie_word_embeddings", default=text.tie_word_embeddings)
     if model_type == "kimi_k25" and "tie_word_embeddings" not in cfg:
         tie = True  # transformers' Kimi_K25Config default
-    return _replace(text, model_type=model_type, vision=vision, tie_word_embeddings=bool(tie), source=source)
-
-
-def _replace(spec: ModelSpec, **changes: Any) -> ModelSpec:
-    from dataclasses import replace
-
-    return replace(spec, **changes)
+    return replace(text, model_type=model_type, vision=vision, tie_word_embeddings=bool(tie), source=source)
 
 
 def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -> ModelSpec:
