@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from dayzero import plan
 from dayzero.ops import requirements
+from dayzero.units import format_bytes, format_count, format_gib
 from dayzero.spec import ModelSpec, load_spec
 
 MAX_PERIOD = 4  # longest repeating layer pattern folded into one run, e.g. (kda, kda, kda, mla)
@@ -152,10 +153,6 @@ def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list
     return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
-def _billions(n: float) -> str:
-    return f"{n / 1e12:.3f} T" if n >= 1e12 else f"{n / 1e9:.2f} B"
-
-
 def _attention_summary(kind: str, a: dict) -> str:
     keys = ("num_heads", "num_kv_heads", "head_dim", "v_head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
             "sliding_window", "compress_ratio", "index_n_heads", "index_head_dim", "index_topk", "o_groups",
@@ -207,10 +204,10 @@ def format_report(report: dict) -> str:
     lines += ["", "Layers (attention+mlp)"] + [f"  {run}" for run in r["layer_runs"]]
 
     lines += ["", "Parameters",
-              f"  total {_billions(r['params_total'])}, active per token {_billions(r['params_active'])} "
+              f"  total {format_count(r['params_total'])}, active per token {format_count(r['params_active'])} "
               "(active = all but embedding table and routed experts, + top-k experts per MoE layer)"]
     cats = sorted(r["params_by_category"].items(), key=lambda kv: -kv[1])
-    lines += [f"  {k:<18} {_billions(n)}" for k, n in cats]
+    lines += [f"  {k:<18} {format_count(n)}" for k, n in cats]
 
     lines += ["", "Ops"]
     rows = [[row["op"], ", ".join(row["backends"]) or "MISSING", ", ".join(row["used_by"])] for row in r["ops"]]
@@ -220,22 +217,22 @@ def format_report(report: dict) -> str:
 
     m = r["memory"]
     lines += ["", f"Memory plan: {m['gpus']} GPU(s) x {m['gpu_mem_gib']:.0f} GiB, KV {m['kv_dtype']}, one sequence"]
-    fmt = ", ".join(f"{k} {g:.1f}" for k, g in m["weights_gib_by_format"].items())
+    fmt = ", ".join(f"{k} {format_gib(g)}" for k, g in m["weights_gib_by_format"].items())
     plan_rows = [
-        ["weights (total)", f"{m['weights_gib']:.1f} GiB", fmt],
-        ["weights per GPU", f"{m['weights_gib_per_gpu']:.1f} GiB", "split evenly"],
-        ["expert workspace per GPU", f"{m['expert_workspace_gib_per_gpu']:.2f} GiB",
+        ["weights (total)", format_gib(m['weights_gib']), fmt],
+        ["weights per GPU", format_gib(m['weights_gib_per_gpu']), "split evenly"],
+        ["expert workspace per GPU", format_gib(m['expert_workspace_gib_per_gpu']),
          f"FP8, {m['workspace_policy']['buffers']} buffer(s), <= top_k x {m['workspace_policy']['max_tokens_per_step']} tokens"],
-        ["activation reserve per GPU", f"{m['activation_reserve_gib_per_gpu']:.1f} GiB", ""],
-        ["free for cache per GPU", f"{m['free_for_cache_gib_per_gpu']:.1f} GiB", ""],
-        ["cache per token", f"{m['cache_bytes_per_token'] / 1024:.1f} KiB", "all layers"],
-        ["bounded cache", f"{m['cache_fixed_gib']:.3f} GiB", "windows, compressor buffers, KDA state"],
-        ["KDA state per request", f"{m['kda_state_gib_per_request']:.3f} GiB", "fp32 recurrent + bf16 conv"],
+        ["activation reserve per GPU", format_gib(m['activation_reserve_gib_per_gpu']), ""],
+        ["free for cache per GPU", format_gib(m['free_for_cache_gib_per_gpu']), ""],
+        ["cache per token", format_bytes(m['cache_bytes_per_token']), "all layers"],
+        ["bounded cache", format_gib(m['cache_fixed_gib']), "windows, compressor buffers, KDA state"],
+        ["KDA state per request", format_gib(m['kda_state_gib_per_request']), "fp32 recurrent + bf16 conv"],
         ["longest context", f"{m['max_context_tokens']:,} tokens",
          f"limit {m['context_limit']:,} with max_position_embeddings"],
     ]
     if m.get("context") is not None:
-        plan_rows.append([f"context {m['context']:,}", f"{m['context_cache_gib']:.2f} GiB cache",
+        plan_rows.append([f"context {m['context']:,}", format_gib(m['context_cache_gib']) + " cache",
                           "fits" if m["context_fits"] else "does NOT fit"])
     lines += _table(["", "", ""], plan_rows)[2:]
     kind_rows = [[k, str(c["layers"]), f"{c['bytes_per_token_bf16']:.0f}", f"{c['bytes_per_token_fp8']:.0f}",

@@ -8,6 +8,7 @@ from dayzero.ops.registry import REGISTRY, Registry, backends_for, coverage_tabl
 from dayzero.ops.norm import layer_norm, rms_norm
 from dayzero.ops.rope import rope
 from dayzero.ops.activation import swiglu, swiglu_clamped
+from dayzero.ops.embedding import embedding
 from dayzero.ops.linear import linear, linear_fp8_block, linear_mxfp4
 from dayzero.ops.quant import mxfp4_dequantize, mxfp4_to_fp8_op as mxfp4_to_fp8
 
@@ -22,6 +23,7 @@ __all__ = [
     "rope",
     "swiglu",
     "swiglu_clamped",
+    "embedding",
     "linear",
     "linear_fp8_block",
     "linear_mxfp4",

@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from dayzero.units import format_bytes
 from dayzero.weights.errors import CorruptCheckpointError, NoWeightsError
 from dayzero.weights.header import SafetensorsFile, TensorInfo, read_header
 
@@ -69,13 +70,6 @@ class Checkpoint:
                  f"{self.open_seconds:.2f} s)"]
         lines += [f"  {dtype:<12}{format_bytes(n):>12}" for dtype, n in self.bytes_by_dtype().items()]
         return "\n".join(lines)
-
-
-def format_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 def _find_layout(path: Path) -> tuple[str, list[Path], Path | None]:

@@ -1,4 +1,3 @@
-import importlib.util
 import json
 import math
 import os
@@ -194,17 +193,6 @@ def test_demo_checkpoint_refuses_a_foreign_directory(tmp_path):
         demo_checkpoint(tmp_path)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("accelerate") is not None, reason="accelerate is installed")
-def test_transformers_needs_accelerate_for_the_fp8_checkpoint(demo_dir):
-    # transformers' FineGrainedFP8HfQuantizer.validate_environment raises before anything else, even
-    # on CPU where it would only dequantize to BF16.
-    from transformers import AutoModelForCausalLM
-
-    with pytest.raises(ImportError, match=r"Loading an FP8 quantized model requires accelerate"):
-        AutoModelForCausalLM.from_pretrained(demo_dir)
-
-
-@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None, reason="transformers needs accelerate for FP8")
 def test_transformers_loads_and_runs_the_checkpoint(demo_dir, tensors, config):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -117,3 +117,13 @@ def test_linear_mxfp4_matches_ml_dtypes_dequantization():
     torch.testing.assert_close(ops.mxfp4_dequantize(blocks, scales, torch.float32), w_ref, rtol=0, atol=0)
     conv = ops.mxfp4_to_fp8(blocks, scales)
     torch.testing.assert_close(conv.values.float() * conv.scales.repeat_interleave(128, -1)[:, :64], w_ref, rtol=0, atol=0)
+
+
+def test_embedding_and_out_of_vocab_error():
+    w = torch.randn(10, 4)
+    ids = torch.tensor([[1, 9], [0, 3]])
+    torch.testing.assert_close(ops.embedding(ids, w), F.embedding(ids, w))
+    with pytest.raises(ValueError, match="token id 10 is outside the vocabulary"):
+        ops.embedding(torch.tensor([10]), w)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        ops.embedding(torch.tensor([1.0]), w)

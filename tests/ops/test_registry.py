@@ -75,5 +75,5 @@ def test_definition_errors():
 def test_builtin_ops_are_defined_with_reference():
     from dayzero import ops
 
-    for name in ["rms_norm", "layer_norm", "rope", "swiglu", "swiglu_clamped", "linear"]:
+    for name in ["embedding", "rms_norm", "layer_norm", "rope", "swiglu", "swiglu_clamped", "linear", "linear_fp8_block", "linear_mxfp4", "mxfp4_dequantize", "mxfp4_to_fp8"]:
         assert ops.backends_for(name)[0] == REFERENCE

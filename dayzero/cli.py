@@ -1,0 +1,119 @@
+"""The `dayzero` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def _model_dir(path: str | None) -> Path:
+    """The checkpoint directory to use: PATH as given (a dir or its config.json), or the demo."""
+    if path is None:
+        from dayzero.demo import demo_checkpoint
+
+        started = time.perf_counter()
+        out = demo_checkpoint()
+        print(f"[dayzero] no model given: using the demo checkpoint at {out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
+        return out
+    p = Path(path).expanduser()
+    if p.is_file() and p.name == "config.json":
+        return p.parent
+    if not p.exists():
+        raise FileNotFoundError(f"model path {p} does not exist (give a checkpoint directory or its config.json)")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} has no config.json: is it a Hugging Face checkpoint directory?")
+    return p
+
+
+def _has_weights(model_dir: Path) -> bool:
+    return any(model_dir.glob("*.safetensors")) or (model_dir / "model.safetensors.index.json").exists()
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from dayzero.inspect import build_report, format_report
+
+    model_dir = _model_dir(args.model)
+    plan_args = {"gpus": args.gpus, "context": args.context}
+    if args.gpu_mem_gib is not None:
+        plan_args["gpu_mem_gib"] = args.gpu_mem_gib
+    report = build_report(model_dir, **plan_args)
+    text = format_report(report)
+    if _has_weights(model_dir):
+        report["checkpoint"], checkpoint_text = _checkpoint_summary(model_dir, load=args.load, device=args.device)
+        text += "\n\n" + checkpoint_text
+    elif args.load:
+        raise FileNotFoundError(f"--load: {model_dir} holds no *.safetensors weights (config.json only)")
+    print(json.dumps(report, indent=2, default=str) if args.json else text)
+    return 0
+
+
+def _checkpoint_summary(model_dir: Path, load: bool, device: str) -> tuple[dict, str]:
+    """What is on disk (files, tensors, bytes by dtype), as JSON and as text; with `load`,
+    every tensor is read back to `device` one at a time, which validates every file."""
+    from dayzero.weights import Checkpoint, LoadSummary, iter_tensors
+
+    ckpt = Checkpoint.open(model_dir)
+    summary = {
+        "files": len(ckpt.files),
+        "tensors": len(ckpt.tensors),
+        "bytes": ckpt.total_bytes,
+        "bytes_by_dtype": ckpt.bytes_by_dtype(),
+    }
+    text = "Checkpoint on disk\n" + ckpt.summary()
+    if load:
+        started = time.perf_counter()
+        count = sum(1 for _ in iter_tensors(ckpt, device=device))
+        loaded = LoadSummary(count, len(ckpt.files), ckpt.bytes_by_dtype(), time.perf_counter() - started, device)
+        summary["loaded"] = {"tensors": count, "device": device, "seconds": round(loaded.seconds, 4)}
+        text += "\n" + str(loaded)
+    return summary, text
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    from dayzero.ops import coverage_table
+
+    print(coverage_table())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dayzero", description="Day-0 inference for sparse frontier MoE models.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "inspect",
+        help="features, ops and memory plan of a checkpoint (config.json alone is enough)",
+        description="Recognise a checkpoint's architecture from its config.json and print its features, "
+        "the ops each layer needs with the backends that cover them, and a memory plan. "
+        "Without MODEL, the embedded demo checkpoint.",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory or its config.json")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs to plan for (default 1)")
+    p.add_argument("--gpu-mem-gib", type=float, default=None, help="memory per GPU in GiB (default: H200, 141)")
+    p.add_argument("--context", type=int, default=None, help="context length to size the KV cache for")
+    p.add_argument("--load", action="store_true", help="also read every tensor back from disk, validating the files")
+    p.add_argument("--device", default="cpu", help="device to load tensors to with --load (default cpu)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("ops", help="the operator library's coverage: op x backend")
+    p.set_defaults(func=cmd_ops)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if getattr(args, "gpus", 1) < 1:
+        parser.error("--gpus must be at least 1")
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"dayzero {args.command}: error: {exc}", file=sys.stderr)
+        return 2
