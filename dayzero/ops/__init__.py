@@ -10,6 +10,7 @@ from dayzero.ops.rope import rope
 from dayzero.ops.activation import swiglu, swiglu_clamped
 from dayzero.ops.embedding import embedding
 from dayzero.ops.linear import linear, linear_fp8_block, linear_mxfp4
+from dayzero.ops.moe import Activation, ExpertWeights, moe_experts_bf16, moe_experts_fp8, moe_experts_mxfp4
 from dayzero.ops.quant import mxfp4_dequantize, mxfp4_to_fp8_op as mxfp4_to_fp8
 
 __all__ = [
@@ -27,6 +28,11 @@ __all__ = [
     "linear",
     "linear_fp8_block",
     "linear_mxfp4",
+    "Activation",
+    "ExpertWeights",
+    "moe_experts_bf16",
+    "moe_experts_fp8",
+    "moe_experts_mxfp4",
     "mxfp4_dequantize",
     "mxfp4_to_fp8",
 ]

@@ -9,8 +9,12 @@ from dayzero.ops.registry import reference_op
 
 
 @reference_op("swiglu")
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up."""
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """silu(gate) * up; with `limit` (DeepSeek-V4 `swiglu_limit`), gate is first clamped above at
+    limit and up to [-limit, limit]."""
+    if limit is not None:
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
     return F.silu(gate) * up
 
 

@@ -12,10 +12,10 @@ from dayzero.weights.errors import (CorruptCheckpointError, MissingTensorError, 
                                     WeightsError)
 from dayzero.weights.header import DTYPES, SafetensorsFile, TensorInfo, read_header
 from dayzero.weights.loader import LoadSummary, iter_tensors, load_state_dict, read_tensor
-from dayzero.weights.schema import TensorSpec, check_schema, find_problems
+from dayzero.weights.schema import FLOAT_DTYPES, TensorSpec, check_schema, find_problems
 
 __all__ = [
-    "Checkpoint", "CorruptCheckpointError", "DTYPES", "LoadSummary", "MissingTensorError",
+    "Checkpoint", "CorruptCheckpointError", "DTYPES", "FLOAT_DTYPES", "LoadSummary", "MissingTensorError",
     "NoWeightsError", "SafetensorsFile", "TensorDtypeError", "TensorInfo", "TensorShapeError",
     "TensorSpec", "UnexpectedTensorError", "WeightsError", "check_schema", "find_problems",
     "format_bytes", "iter_tensors", "load_state_dict", "read_header", "read_tensor",

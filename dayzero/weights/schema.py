@@ -19,10 +19,19 @@ MAX_REPORTED_PROBLEMS = 20
 @dataclass(frozen=True)
 class TensorSpec:
     """What the model expects of one tensor, as loaded into torch (F4: float4_e2m1fn_x2 shape).
-    shape None: any shape; a None entry: any size along that dim. dtype None: any dtype."""
+    shape None: any shape; a None entry: any size along that dim. dtype None: any dtype; a tuple:
+    any of those (FLOAT_DTYPES for a float weight the loader casts to the model's dtype)."""
 
     shape: tuple[int | None, ...] | None = None
-    dtype: torch.dtype | None = None
+    dtype: torch.dtype | tuple[torch.dtype, ...] | None = None
+
+    def dtype_matches(self, dtype: torch.dtype) -> bool:
+        if self.dtype is None:
+            return True
+        return dtype in self.dtype if isinstance(self.dtype, tuple) else dtype == self.dtype
+
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def find_problems(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
@@ -43,7 +52,7 @@ def find_problems(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
             shape.append(TensorShapeError(
                 f"{name} in {info.file}: expected shape {_format_shape(spec.shape)}, found "
                 f"{_format_shape(info.torch_shape)}", tensor=name, file=info.file))
-        if spec.dtype is not None and info.torch_dtype != spec.dtype:
+        if not spec.dtype_matches(info.torch_dtype):
             dtype.append(TensorDtypeError(
                 f"{name} in {info.file}: expected dtype {_dtype_name(spec.dtype)}, found "
                 f"{_dtype_name(info.torch_dtype)} ({info.dtype})", tensor=name, file=info.file))
@@ -92,7 +101,9 @@ def _format_shape(shape: tuple[int | None, ...]) -> str:
     return f"({dims},)" if len(shape) == 1 else f"({dims})"
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def _dtype_name(dtype: torch.dtype | tuple[torch.dtype, ...]) -> str:
+    if isinstance(dtype, tuple):
+        return " or ".join(_dtype_name(d) for d in dtype)
     return str(dtype).removeprefix("torch.")
 
 

@@ -127,3 +127,17 @@ def test_embedding_and_out_of_vocab_error():
         ops.embedding(torch.tensor([10]), w)
     with pytest.raises(ValueError, match="int32 or int64"):
         ops.embedding(torch.tensor([1.0]), w)
+
+
+def test_swiglu_limit_matches_deepseek_v4_mlp():
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4MLP
+
+    cfg = AutoConfig.for_model("deepseek_v4", hidden_size=16, intermediate_size=24, moe_intermediate_size=24, swiglu_limit=0.5)
+    mlp = DeepseekV4MLP(cfg)
+    x = torch.randn(5, 16) * 3
+    with torch.no_grad():
+        expected = mlp(x)
+        gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+        out = mlp.down_proj(ops.swiglu(gate, up, limit=cfg.swiglu_limit))
+    torch.testing.assert_close(out, expected)

@@ -137,3 +137,15 @@ def test_long_problem_lists_are_capped(checkpoint):
     assert len(info.value.problems) == 50
     assert "... and 30 more" in str(info.value)
     assert "layers.49.weight" not in str(info.value)
+
+
+def test_dtype_alternatives_accept_any_listed_float(tmp_path):
+    from safetensors.torch import save_file
+
+    from dayzero.weights import FLOAT_DTYPES, Checkpoint, TensorDtypeError, TensorSpec, check_schema
+
+    save_file({"a": torch.zeros(2, dtype=torch.bfloat16), "b": torch.zeros(2, dtype=torch.int8)}, tmp_path / "model.safetensors")
+    ckpt = Checkpoint.open(tmp_path)
+    check_schema(ckpt, {"a": TensorSpec((2,), FLOAT_DTYPES), "b": TensorSpec((2,), torch.int8)})
+    with pytest.raises(TensorDtypeError, match="b in .*expected dtype float16 or bfloat16 or float32 or float64, found int8"):
+        check_schema(ckpt, {"a": TensorSpec((2,), FLOAT_DTYPES), "b": TensorSpec((2,), FLOAT_DTYPES)})

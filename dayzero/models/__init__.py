@@ -1,0 +1,88 @@
+"""Model files, one per family, registered by model_type; `load_model` builds one from a checkpoint.
+
+A model file registers its class with `@register_model`; the class lists the model_types it
+serves in `model_types`. Family modules are imported lazily (on first lookup), so that
+`import dayzero` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from dayzero.models.base import CausalLM, KVCache, WeightTarget
+from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec
+
+# model file (module under dayzero.models) for each family; the module registers its classes on import
+FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss")
+
+MODELS: dict[str, type[CausalLM]] = {}
+
+
+def register_model(cls: type[CausalLM]) -> type[CausalLM]:
+    for model_type in cls.model_types:
+        if model_type in MODELS:
+            raise ValueError(f"model_type {model_type!r} is already registered by {MODELS[model_type].__name__}")
+        MODELS[model_type] = cls
+    return cls
+
+
+def _import_families() -> None:
+    for name in FAMILY_MODULES:
+        try:
+            importlib.import_module(f"dayzero.models.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"dayzero.models.{name}":
+                raise
+
+
+def model_class(spec: ModelSpec) -> type[CausalLM]:
+    _import_families()
+    cls = MODELS.get(spec.text_model_type) or MODELS.get(spec.model_type)
+    if cls is None:
+        raise UnsupportedModelError(
+            "model_type", spec.model_type, tuple(sorted(MODELS)), spec.source or "config.json",
+        )
+    return cls
+
+
+def read_config(path: str | Path) -> dict:
+    path = Path(path)
+    config_path = path / "config.json" if path.is_dir() else path
+    return json.loads(config_path.read_text())
+
+
+def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+               progress: bool = True, verbose: bool = False) -> CausalLM:
+    """Build the model of the checkpoint at `path` and fill it from the safetensors files.
+
+    Float weights are cast to `dtype`; FP8 and MXFP4 weights stay in their shipped format. Every
+    mismatch between the checkpoint and what the model expects (missing, unexpected, wrong shape or
+    dtype) is raised before any data is read, naming the tensor and the file."""
+    from dayzero.weights import Checkpoint, iter_tensors
+
+    started = time.perf_counter()
+    spec = load_spec(path)
+    cls = model_class(spec)
+    config = read_config(path)
+    device = torch.device(device)
+    model = cls(spec, config, dtype=dtype, device=device)
+    targets = model.weight_targets()
+    checkpoint = Checkpoint.open(path)
+    expected = {name: t.spec for name, t in targets.items()}
+    for name, tensor in iter_tensors(checkpoint, device=device, expected=expected,
+                                     ignore_unexpected=model.ignore_patterns(), progress=progress):
+        targets[name].assign(tensor)
+    model.post_load()
+    model.eval()
+    if verbose:
+        print(f"[dayzero] loaded {spec.model_type} ({len(targets)} tensors) to {device} in "
+              f"{time.perf_counter() - started:.1f} s")
+    return model
+
+
+__all__ = ["CausalLM", "KVCache", "MODELS", "WeightTarget", "load_model", "model_class", "read_config", "register_model"]

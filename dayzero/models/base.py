@@ -1,0 +1,118 @@
+"""What every model file builds on: the CausalLM contract, weight targets, and the step cache.
+
+Contract of a model (one file per family, registered by model_type in dayzero.models):
+    model = Cls(spec, config, dtype=..., device=...)      # parameters allocated, not filled
+    logits = model(input_ids [B, T], positions [B, T], cache)   # float32 [B, T, vocab]
+`cache` is None (one full forward, no state kept) or a `KVCache` from `model.new_cache(batch)`:
+then each call appends T tokens at positions cache.length ... cache.length + T - 1, so a prefill
+followed by one-token decode steps computes what one full forward computes.
+
+Weights are loaded by name. By default a module's parameters are filled from the checkpoint tensor
+of the same dotted name, so a model file mirrors the checkpoint's names. A module whose memory
+layout differs from the checkpoint's (stacked experts, renamed tensors) overrides
+`weight_targets(prefix)` and maps each checkpoint name to a `WeightTarget`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar
+
+import torch
+from torch import nn
+
+from dayzero.spec import ModelSpec
+from dayzero.weights import FLOAT_DTYPES, TensorSpec
+
+
+@dataclass
+class WeightTarget:
+    """Where one checkpoint tensor goes: its expected shape/dtype and a function that stores it."""
+
+    spec: TensorSpec
+    assign: Callable[[torch.Tensor], None]
+
+
+def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None = None) -> nn.Parameter:
+    """An uninitialised, frozen parameter: it is filled from the checkpoint."""
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def copy_target(param: torch.Tensor, name: str) -> WeightTarget:
+    """Target that copies a checkpoint tensor into `param` as is (float weights are cast to the
+    parameter's dtype; packed and quantized tensors must have exactly the parameter's dtype)."""
+    is_float = param.dtype in FLOAT_DTYPES
+    spec = TensorSpec(tuple(param.shape), FLOAT_DTYPES if is_float else param.dtype)
+
+    def assign(tensor: torch.Tensor) -> None:
+        with torch.no_grad():
+            param.copy_(tensor)
+
+    return WeightTarget(spec, assign)
+
+
+def collect_weight_targets(module: nn.Module, prefix: str = "") -> dict[str, WeightTarget]:
+    """Checkpoint name -> target for every parameter and persistent buffer under `module` (named
+    prefix + its dotted name), using a submodule's own `weight_targets(prefix)` where it has one."""
+    targets: dict[str, WeightTarget] = {}
+    for name, param in module.named_parameters(recurse=False):
+        targets[prefix + name] = copy_target(param, prefix + name)
+    for name, buf in module.named_buffers(recurse=False):
+        if name not in module._non_persistent_buffers_set:
+            targets[prefix + name] = copy_target(buf, prefix + name)
+    for name, child in module.named_children():
+        custom = getattr(child, "weight_targets", None)
+        child_prefix = f"{prefix}{name}."
+        targets.update(custom(child_prefix) if custom is not None else collect_weight_targets(child, child_prefix))
+    return targets
+
+
+class KVCache:
+    """The per-sequence state of a reference forward: `layers[i]` is a dict that layer i's attention
+    fills as it needs (keys, values, latents, indexer keys, compressor state); `length` counts the
+    tokens already processed. All B sequences of a batch advance together."""
+
+    def __init__(self, num_layers: int, batch: int):
+        self.layers: list[dict[str, torch.Tensor]] = [{} for _ in range(num_layers)]
+        self.batch = batch
+        self.length = 0
+
+
+class CausalLM(nn.Module):
+    """Base of every model file. Subclasses set `model_types` and implement `forward`."""
+
+    model_types: ClassVar[tuple[str, ...]] = ()
+    # Checkpoint tensors the model does not use and the loader skips (regexes, re.search), e.g. MTP layers.
+    ignore_unexpected: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.spec = spec
+        self.config = config
+        self.dtype = dtype
+        self.device_ = torch.device(device)
+
+    def new_cache(self, batch: int = 1) -> KVCache:
+        return KVCache(self.spec.num_layers, batch)
+
+    def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
+        return collect_weight_targets(self, prefix)
+
+    def ignore_patterns(self) -> tuple[str, ...]:
+        """Regexes of checkpoint tensors to skip; a model may compute them from its config."""
+        return self.ignore_unexpected
+
+    def post_load(self) -> None:
+        """Called once every weight is in place (precompute derived tensors here)."""
+
+    @staticmethod
+    def check_inputs(input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, vocab_size: int) -> None:
+        if input_ids.dim() != 2 or positions.shape != input_ids.shape:
+            raise ValueError(
+                f"input_ids and positions must both be [batch, tokens]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+            raise ValueError(f"token ids must lie in [0, {vocab_size}); got min {int(input_ids.min())}, max {int(input_ids.max())}")
+        if cache is not None and cache.batch != input_ids.shape[0]:
+            raise ValueError(f"cache was made for batch {cache.batch}, input has batch {input_ids.shape[0]}")
+

@@ -1,0 +1,61 @@
+"""Modules that hold weights in their shipped format and call ops; shared by the model files."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dayzero import ops
+from dayzero.models.base import empty_param
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b) with W stored as shipped.
+
+    fmt "bf16": `weight` [out, in] in the model dtype.
+    fmt "fp8":  `weight` float8_e4m3fn [out, in] and a block scale tensor [ceil(out/bo), ceil(in/bi)]
+                named `scale_name` (HF DeepSeek: `weight_scale_inv`; DeepSeek-V4 original: `scale`),
+                of dtype `scale_dtype` (float32, or float8_e8m0fnu for ue8m0 scales).
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, fmt: str = "bf16",
+                 dtype: torch.dtype = torch.float32, device=None, block: tuple[int, int] = (128, 128),
+                 scale_name: str = "weight_scale_inv", scale_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.in_features, self.out_features, self.fmt, self.block = in_features, out_features, fmt, tuple(block)
+        self.scale_name = scale_name
+        if fmt == "bf16":
+            self.weight = empty_param((out_features, in_features), dtype, device)
+        elif fmt == "fp8":
+            self.weight = empty_param((out_features, in_features), torch.float8_e4m3fn, device)
+            grid = (math.ceil(out_features / block[0]), math.ceil(in_features / block[1]))
+            self.register_parameter(scale_name, empty_param(grid, scale_dtype, device))
+        else:
+            raise ValueError(f"Linear: unsupported weight format {fmt!r}; supported: bf16, fp8")
+        self.bias = empty_param((out_features,), dtype, device) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "fp8":
+            return ops.linear_fp8_block(x, self.weight, getattr(self, self.scale_name), self.bias, self.block)
+        return ops.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_param((dim,), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, dim: int, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.weight = empty_param((vocab, dim), dtype, device)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return ops.embedding(token_ids, self.weight)
