@@ -1,0 +1,76 @@
+"""Grouped-query attention over a contiguous key set: causal, optional sliding window, optional sinks.
+
+Used by gpt-oss (sliding and full layers, both with sinks) and by any Llama-style GQA layer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dayzero.ops.registry import reference_op
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None, sinks: torch.Tensor | None) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"gqa_attention: q, k, v must be [batch, tokens, heads, dim]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    b, t, hq, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise ValueError(
+            f"gqa_attention: k {tuple(k.shape)} and v {tuple(v.shape)} must share batch={b}, keys and kv heads"
+        )
+    if k.shape[3] != d:
+        raise ValueError(f"gqa_attention: q head dim {d} != k head dim {k.shape[3]}")
+    hkv = k.shape[2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"gqa_attention: {hq} query heads are not a multiple of {hkv} kv heads")
+    if k.shape[1] < t:
+        raise ValueError(f"gqa_attention: {k.shape[1]} keys cannot hold the {t} query tokens (queries are the last keys)")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"gqa_attention: sliding_window must be >= 1 or None, got {sliding_window}")
+    if sinks is not None and sinks.shape != (hq,):
+        raise ValueError(f"gqa_attention: sinks must be [{hq}] (one logit per query head), got {tuple(sinks.shape)}")
+
+
+@reference_op("gqa_attention")
+def gqa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """softmax(q k^T * scale) v with grouped kv heads; returns [B, T, Hq, Dv] in q.dtype.
+
+    q: [B, T, Hq, D]; k: [B, S, Hkv, D]; v: [B, S, Hkv, Dv]; Hq a multiple of Hkv, query head h
+    reads kv head h // (Hq / Hkv). The S keys are consecutive positions and the T queries are the
+    last T of them (query i sits at key index S - T + i), so a caller may drop keys older than the
+    window without changing the result.
+    Causal: query at index p sees keys j <= p; with `sliding_window` W also p - j < W (W keys,
+    itself included, as transformers' sliding-window mask).
+    sinks: float [Hq], one learned logit per head joined to each query's scores before the
+    softmax and dropped after it (gpt-oss): it takes probability mass and adds nothing to the output.
+    Scores, softmax and the weighted sum are computed in float32.
+    """
+    _check(q, k, v, sliding_window, sinks)
+    b, t, hq, _ = q.shape
+    s, hkv = k.shape[1], k.shape[2]
+    group = hq // hkv
+    qf = q.float().reshape(b, t, hkv, group, -1)
+    scores = torch.einsum("btkgd,bskd->bkgts", qf, k.float()) * scale  # [B, Hkv, G, T, S]
+
+    query_index = torch.arange(s - t, s, device=q.device).unsqueeze(1)
+    key_index = torch.arange(s, device=q.device).unsqueeze(0)
+    visible = key_index <= query_index
+    if sliding_window is not None:
+        visible &= query_index - key_index < sliding_window
+    scores = scores.masked_fill(~visible, float("-inf"))
+
+    if sinks is not None:
+        sink = sinks.float().reshape(1, hkv, group, 1, 1).expand(b, hkv, group, t, 1)
+        scores = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., :s]
+    out = torch.einsum("bkgts,bskd->btkgd", probs, v.float())
+    return out.reshape(b, t, hq, -1).to(q.dtype)
