@@ -13,7 +13,8 @@ from dayzero.ops.registry import reference_op
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None, sinks: torch.Tensor | None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
-            f"gqa_attention: q, k, v must be [batch, tokens, heads, dim]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            "gqa_attention: q, k, v must be [batch, tokens, heads, dim]; "
+            f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
     b, t, hq, d = q.shape
     if k.shape[0] != b or v.shape[0] != b or k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:

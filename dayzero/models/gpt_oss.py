@@ -1,0 +1,234 @@
+"""gpt-oss (OpenAI, 2025): GQA with attention sinks, alternating sliding-window / full layers, and a
+softmax-routed MoE of clamped-SwiGLU experts with biases, shipped in MXFP4.
+
+One decoder layer:
+    h = h + o_proj(gqa_attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n), window, sinks)),  n = norm(h)
+    h = h + sum_k w_k expert_k(n),  n = norm(h);  (ids, w) = top-k of router(n), softmax over those k
+    expert(x) = down(swiglu_clamped(gate(x), up(x)))
+`layer_types[i]` is "sliding_attention" (window `sliding_window`) or "full_attention". Every
+projection has a bias; the router is a biased linear layer.
+
+Checkpoint (Hugging Face names, as shipped by openai/gpt-oss-*), per layer `model.layers.{i}.`:
+    self_attn.{q,k,v,o}_proj.{weight,bias}, self_attn.sinks [heads]            bf16
+    mlp.router.{weight,bias}                                                     bf16
+    mlp.experts.gate_up_proj_blocks uint8 [E, 2I, H/32, 16], _scales uint8 [E, 2I, H/32], _bias [E, 2I]
+    mlp.experts.down_proj_blocks    uint8 [E, H, I/32, 16],  _scales uint8 [E, H, I/32],  _bias [E, H]
+The gate_up rows alternate gate, up (row 2j is gate j, row 2j+1 is up j); loading moves them into
+the canonical w13 layout (all gate rows, then all up rows). Blocks run along K, so permuting rows
+of blocks and scales is exact. An unquantized checkpoint (transformers' own save) instead holds
+gate_up_proj [E, H, 2I] and down_proj [E, I, H] (x @ W), transposed on load.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dayzero import ops
+from dayzero.formats.mxfp4 import BLOCK_SIZE
+from dayzero.models import register_model
+from dayzero.models.base import CausalLM, KVCache, WeightTarget, empty_param
+from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.rotary import rope_from_config
+from dayzero.ops.attention_gqa import gqa_attention
+from dayzero.ops.moe import Activation, ExpertWeights
+from dayzero.ops.routing_softmax import route_softmax_topk
+from dayzero.spec import ModelSpec, UnsupportedModelError
+from dayzero.weights import FLOAT_DTYPES, TensorSpec
+
+EXPERT_FORMATS = ("mxfp4", "bf16")
+# transformers' GptOssConfig rope when a config names none (the published checkpoints' values)
+DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+DEFAULT_ROPE_THETA = 150000.0
+
+
+def _gate_up_to_w13(t: torch.Tensor) -> torch.Tensor:
+    """Rows along dim 1 interleaved (gate 0, up 0, gate 1, ...) -> all gate rows, then all up rows."""
+    return torch.cat((t[:, 0::2], t[:, 1::2]), dim=1)
+
+
+class GptOssRMSNorm(RMSNorm):
+    """gpt-oss scales by the weight in float32 and casts after (Llama casts before the scale)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.rms_norm(x.float(), self.weight.float(), self.eps).to(x.dtype)
+
+
+class GptOssExperts(nn.Module):
+    """Routed experts held in the canonical layout of dayzero.ops.moe (w13 gate rows first)."""
+
+    def __init__(self, num: int, hidden: int, inter: int, fmt: str, activation: Activation, dtype, device):
+        super().__init__()
+        self.num, self.hidden, self.inter, self.fmt, self.activation = num, hidden, inter, fmt, activation
+        if fmt == "mxfp4":
+            self.w13 = empty_param((num, 2 * inter, hidden // BLOCK_SIZE, BLOCK_SIZE // 2), torch.uint8, device)
+            self.w13_scale = empty_param((num, 2 * inter, hidden // BLOCK_SIZE), torch.uint8, device)
+            self.w2 = empty_param((num, hidden, inter // BLOCK_SIZE, BLOCK_SIZE // 2), torch.uint8, device)
+            self.w2_scale = empty_param((num, hidden, inter // BLOCK_SIZE), torch.uint8, device)
+        else:
+            self.w13 = empty_param((num, 2 * inter, hidden), dtype, device)
+            self.w2 = empty_param((num, hidden, inter), dtype, device)
+            self.w13_scale = self.w2_scale = None
+        self.b13 = empty_param((num, 2 * inter), dtype, device)
+        self.b2 = empty_param((num, hidden), dtype, device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        def target(param: torch.Tensor, shape: tuple[int, ...], convert=lambda t: t) -> WeightTarget:
+            dtype = FLOAT_DTYPES if param.dtype in FLOAT_DTYPES else param.dtype
+
+            def assign(tensor: torch.Tensor) -> None:
+                with torch.no_grad():
+                    param.copy_(convert(tensor))
+
+            return WeightTarget(TensorSpec(shape, dtype), assign)
+
+        e, h, i = self.num, self.hidden, self.inter
+        targets = {
+            prefix + "gate_up_proj_bias": target(self.b13, (e, 2 * i), _gate_up_to_w13),
+            prefix + "down_proj_bias": target(self.b2, (e, h)),
+        }
+        if self.fmt == "mxfp4":
+            targets[prefix + "gate_up_proj_blocks"] = target(self.w13, tuple(self.w13.shape), _gate_up_to_w13)
+            targets[prefix + "gate_up_proj_scales"] = target(self.w13_scale, tuple(self.w13_scale.shape), _gate_up_to_w13)
+            targets[prefix + "down_proj_blocks"] = target(self.w2, tuple(self.w2.shape))
+            targets[prefix + "down_proj_scales"] = target(self.w2_scale, tuple(self.w2_scale.shape))
+        else:  # transformers' in-memory layout: x @ W, W [E, in, out]
+            targets[prefix + "gate_up_proj"] = target(self.w13, (e, h, 2 * i), lambda t: _gate_up_to_w13(t.transpose(1, 2)))
+            targets[prefix + "down_proj"] = target(self.w2, (e, i, h), lambda t: t.transpose(1, 2))
+        return targets
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        experts = ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale, self.b13, self.b2)
+        op = ops.moe_experts_mxfp4 if self.fmt == "mxfp4" else ops.moe_experts_bf16
+        return op(x, ids, weights, experts, self.activation)
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, hidden: int, num: int, top_k: int, inter: int, fmt: str, activation: Activation, dtype, device):
+        super().__init__()
+        self.top_k = top_k
+        self.router = Linear(hidden, num, bias=True, dtype=dtype, device=device)
+        self.experts = GptOssExperts(num, hidden, inter, fmt, activation, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        ids, weights = route_softmax_topk(self.router(flat), self.top_k)
+        return self.experts(flat, ids, weights).reshape(x.shape)
+
+
+class GptOssAttention(nn.Module):
+    """Cache entry per layer: "k", "v" [B, S, kv_heads, head_dim], rotated keys of the last S
+    positions; a sliding layer keeps only the window - 1 keys the next token can still see."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, window: int | None, dtype, device):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.window = heads, kv_heads, head_dim, window
+        self.q_proj = Linear(hidden, heads * head_dim, bias=bias, dtype=dtype, device=device)
+        self.k_proj = Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype, device=device)
+        self.v_proj = Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype, device=device)
+        self.o_proj = Linear(heads * head_dim, hidden, bias=bias, dtype=dtype, device=device)
+        self.sinks = empty_param((heads,), torch.float32, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: dict | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = ops.rope(self.q_proj(x).reshape(b * t, self.heads, self.head_dim), cos, sin, interleaved=False)
+        k = ops.rope(self.k_proj(x).reshape(b * t, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
+        q, k = q.reshape(b, t, self.heads, -1), k.reshape(b, t, self.kv_heads, -1)
+        v = self.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim)
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat((cache["k"], k), dim=1), torch.cat((cache["v"], v), dim=1)
+            keep = k.shape[1] if self.window is None else min(k.shape[1], self.window - 1)
+            cache["k"], cache["v"] = k[:, k.shape[1] - keep:], v[:, v.shape[1] - keep:]
+        out = gqa_attention(q, k, v, self.head_dim ** -0.5, self.window, self.sinks)
+        return self.o_proj(out.reshape(b, t, -1))
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, attention: GptOssAttention, mlp: GptOssMLP, hidden: int, eps: float, dtype, device):
+        super().__init__()
+        self.input_layernorm = GptOssRMSNorm(hidden, eps, dtype, device)
+        self.self_attn = attention
+        self.post_attention_layernorm = GptOssRMSNorm(hidden, eps, dtype, device)
+        self.mlp = mlp
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: dict | None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class GptOssModel(nn.Module):
+    def __init__(self, vocab: int, hidden: int, layers: list[GptOssDecoderLayer], eps: float, dtype, device):
+        super().__init__()
+        self.embed_tokens = Embedding(vocab, hidden, dtype, device)
+        self.layers = nn.ModuleList(layers)
+        self.norm = GptOssRMSNorm(hidden, eps, dtype, device)
+
+
+@register_model
+class GptOssForCausalLM(CausalLM):
+    model_types = ("gpt_oss",)
+
+    def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(spec, config, dtype, device)
+        where = spec.source or "config.json"
+        experts = spec.experts
+        if experts.format not in EXPERT_FORMATS:
+            raise UnsupportedModelError("quantization_config.quant_method", spec.quant.method, ("mxfp4", None), where)
+        if spec.quant.dense_format != "bf16":
+            raise UnsupportedModelError("quantization_config.quant_method", spec.quant.method, ("mxfp4", None), where)
+        if experts.format == "mxfp4":
+            for name, size in (("hidden_size", spec.hidden_size), ("intermediate_size", experts.intermediate_size)):
+                if size % BLOCK_SIZE:
+                    raise UnsupportedModelError(name, size, (f"a multiple of {BLOCK_SIZE} (MXFP4 blocks)",), where)
+        attn = spec.layers[0].attention
+        if attn.num_kv_heads == 0 or attn.num_heads % attn.num_kv_heads:
+            raise UnsupportedModelError("num_key_value_heads", attn.num_kv_heads,
+                                        (f"a divisor of num_attention_heads={attn.num_heads}",), where)
+        if attn.head_dim % 2:
+            raise UnsupportedModelError("head_dim", attn.head_dim, ("an even number (rope pairs)",), where)
+        self.rope = self._rope(config, attn.head_dim, where)
+
+        activation = spec.layers[0].mlp.activation
+        act = Activation("swiglu_clamped", limit=activation.limit, alpha=activation.alpha)
+        eps = float(config.get("rms_norm_eps", 1e-5))
+        hidden = spec.hidden_size
+        layers = []
+        for layer in spec.layers:
+            a = layer.attention
+            window = a.sliding_window if a.kind == "swa" else None
+            attention = GptOssAttention(hidden, a.num_heads, a.num_kv_heads, a.head_dim, a.bias, window, dtype, device)
+            mlp = GptOssMLP(hidden, experts.num, experts.top_k, experts.intermediate_size, experts.format, act, dtype, device)
+            layers.append(GptOssDecoderLayer(attention, mlp, hidden, eps, dtype, device))
+        self.model = GptOssModel(spec.vocab_size, hidden, layers, eps, dtype, device)
+        self.lm_head = None if spec.tie_word_embeddings else Linear(hidden, spec.vocab_size, dtype=dtype, device=device)
+
+    @staticmethod
+    def _rope(config: dict, head_dim: int, where: str):
+        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or DEFAULT_ROPE)
+        factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+        if factor != 1.0:
+            raise UnsupportedModelError("partial_rotary_factor", factor, (1.0,), where)
+        theta = float(params.get("rope_theta", config.get("rope_theta", DEFAULT_ROPE_THETA)))
+        try:
+            return rope_from_config(params, head_dim, theta, config.get("max_position_embeddings"))
+        except ValueError:
+            kind = params.get("rope_type", params.get("type"))
+            raise UnsupportedModelError("rope_parameters.rope_type", kind, ("default", "yarn"), where) from None
+
+    def ignore_patterns(self) -> tuple[str, ...]:
+        return (r"^lm_head\.weight$",) if self.lm_head is None else ()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
+        b, t = input_ids.shape
+        cos, sin = self.rope.cos_sin(positions.reshape(-1))
+        h = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            h = layer(h, cos, sin, None if cache is None else cache.layers[i])
+        h = self.model.norm(h)
+        logits = self.lm_head(h) if self.lm_head is not None else ops.linear(h, self.model.embed_tokens.weight)
+        if cache is not None:
+            cache.length += t
+        return logits.float()
