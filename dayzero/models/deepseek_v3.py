@@ -1,0 +1,371 @@
+"""DeepSeek-V3 / Kimi-K2 (`deepseek_v3`, `kimi_k2`) and DeepSeek-V3.2 (`deepseek_v32`: V3 + DSA).
+
+Decoder layer i:  h = x + o_proj(MLA(input_layernorm(x)));  out = h + MLP(post_attention_layernorm(h))
+    MLA: q = q_b_proj(q_a_layernorm(q_a_proj(x))) (or q_proj(x) when q_lora_rank is null), per head
+         [nope | rope]; kv_a_proj_with_mqa(x) = [latent C | shared rope key]; the latent is
+         normalised and cached with the rotated key; attention runs in the absorbed form
+         (ops/attention_mla.py) with w_uk / w_uv split from kv_b_proj at load.
+    RoPE on the rope dims only, interleaved pairs (transformers rotates even/odd pairs and writes
+         them de-interleaved, a permutation applied to q and k alike: dot products are the same).
+         YaRN: cos/sin carry mscale(factor, mscale) / mscale(factor, mscale_all_dim) and the softmax
+         scale is qk_head_dim^-0.5 * mscale(factor, mscale_all_dim)^2.
+    DSA (V3.2): a lightning indexer picks each query's index_topk keys (ops/dsa.py); while the
+         cache holds no more than index_topk keys every key is picked, so dense MLA runs instead.
+    MLP: dense SwiGLU in the first first_k_dense_replace layers (V3.2: `mlp_layer_types`), else
+         shared experts + routed experts picked by group-limited sigmoid routing (noaux_tc).
+Weights as the real checkpoints ship them: every Linear of the layers FP8 E4M3 with 128x128
+`weight_scale_inv` (float32) when quantization_config says fp8, routed experts per expert
+(`mlp.experts.{j}.{gate,up,down}_proj`), stacked at load into ops/moe.py's canonical layout;
+embeddings, norms, lm_head, the router and the indexer's weights_proj stay bf16/float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dayzero import ops
+from dayzero.formats.fp8 import dequantize_weight_blocks
+from dayzero.models import register_model
+from dayzero.models.base import CausalLM, KVCache, WeightTarget, copy_target, empty_param
+from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.rotary import rope_from_config, yarn_mscale
+from dayzero.ops.attention_mla import mla_attention, sparse_mla_attention
+from dayzero.ops.dsa import lightning_indexer, topk_select
+from dayzero.ops.moe import Activation, ExpertWeights
+from dayzero.ops.routing_deepseek import route_sigmoid_grouped
+from dayzero.spec import ModelSpec, UnsupportedModelError
+
+FP8_BLOCK = (128, 128)
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
+INDEXER_NORM_EPS = 1e-6
+
+
+def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
+    return UnsupportedModelError(field, value, supported, f"config.json ({config.get('model_type')})")
+
+
+class _Formats:
+    """Which Linear modules are FP8 (checkpoint names, quantization_config.modules_to_not_convert)."""
+
+    def __init__(self, spec: ModelSpec, config: dict):
+        self.dense = spec.quant.dense_format
+        qc = config.get("quantization_config") or {}
+        self.skip = tuple(qc.get("modules_to_not_convert") or ())
+        if self.dense not in ("bf16", "fp8"):
+            raise _unsupported(config, "quantization_config.quant_method", spec.quant.method, ("fp8", None))
+        if spec.quant.method == "fp8" and tuple(spec.quant.fp8_block or ()) != FP8_BLOCK:
+            raise _unsupported(config, "quantization_config.weight_block_size", spec.quant.fp8_block, (list(FP8_BLOCK),))
+
+    def of(self, name: str) -> str:
+        return "bf16" if any(s and s in name for s in self.skip) else self.dense
+
+
+def _linear(fmts: _Formats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False) -> Linear:
+    return Linear(n_in, n_out, bias=bias, fmt=fmts.of(name), dtype=dtype, device=device, block=FP8_BLOCK)
+
+
+def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
+    if linear.fmt == "fp8":
+        return dequantize_weight_blocks(linear.weight, getattr(linear, linear.scale_name), linear.block, dtype=dtype)
+    return linear.weight.to(dtype)
+
+
+def _append(layer_cache: dict | None, name: str, new: torch.Tensor) -> torch.Tensor:
+    """Append this step's entries [B, T, ...] to the cached ones along the token dim; returns all."""
+    if layer_cache is None:
+        return new
+    full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
+    layer_cache[name] = full
+    return full
+
+
+class Indexer(nn.Module):
+    """DSA lightning indexer: checkpoint names `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`."""
+
+    def __init__(self, config: dict, fmts: _Formats, prefix: str, dtype, device):
+        super().__init__()
+        hidden, q_rank = config["hidden_size"], config["q_lora_rank"]
+        self.heads, self.head_dim = int(config.get("index_n_heads", 64)), int(config.get("index_head_dim", 128))
+        self.rope_dim = int(config["qk_rope_head_dim"])
+        self.topk = int(config.get("index_topk", 2048))
+        self.wq_b = _linear(fmts, prefix + "wq_b", q_rank, self.heads * self.head_dim, dtype, device)
+        self.wk = _linear(fmts, prefix + "wk", hidden, self.head_dim, dtype, device)
+        self.k_norm = nn.Module()
+        self.k_norm.weight = empty_param((self.head_dim,), dtype, device)
+        self.k_norm.bias = empty_param((self.head_dim,), dtype, device)
+        # weights_proj ships bf16 and runs in float32 (transformers keeps it in fp32, as DeepSeek's fix does)
+        self.weights_proj = Linear(hidden, self.heads, dtype=torch.float32, device=device)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Half-split RoPE on the first rope_dim dims of x [N, ..., head_dim]."""
+        rot = ops.rope(x[..., : self.rope_dim], cos, sin, interleaved=False)
+        return torch.cat([rot, x[..., self.rope_dim:]], dim=-1)
+
+    def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden] -> rotated index keys [B, T, head_dim]."""
+        b, t, _ = x.shape
+        k = ops.layer_norm(self.wk(x), self.k_norm.weight, self.k_norm.bias, INDEXER_NORM_EPS)
+        return self._rotate(k.reshape(b * t, -1), cos, sin).view(b, t, -1)
+
+    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys: torch.Tensor, cos, sin) -> torch.Tensor:
+        """Top-k key indices [B, T, topk] (-1 padded) for the T queries over all cached `keys`."""
+        b, t, _ = x.shape
+        q = self.wq_b(q_latent).view(b * t, self.heads, self.head_dim)
+        q = self._rotate(q, cos, sin).view(b, t, self.heads, self.head_dim)
+        weights = self.weights_proj(x.float()) * self.heads**-0.5
+        scores = lightning_indexer(q, keys, weights, self.head_dim**-0.5)
+        return topk_select(scores, self.topk)
+
+
+class MLAttention(nn.Module):
+    def __init__(self, config: dict, fmts: _Formats, prefix: str, dtype, device, *, dsa: bool):
+        super().__init__()
+        hidden = config["hidden_size"]
+        self.heads = int(config["num_attention_heads"])
+        self.nope, self.rope_dim = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
+        self.v_dim, self.rank = int(config["v_head_dim"]), int(config["kv_lora_rank"])
+        self.q_rank = config.get("q_lora_rank")
+        bias = bool(config.get("attention_bias", False))
+        qk_dim = self.nope + self.rope_dim
+        if self.q_rank is None:
+            self.q_proj = _linear(fmts, prefix + "q_proj", hidden, self.heads * qk_dim, dtype, device)
+        else:
+            self.q_a_proj = _linear(fmts, prefix + "q_a_proj", hidden, self.q_rank, dtype, device, bias)
+            self.q_a_layernorm = RMSNorm(self.q_rank, LATENT_NORM_EPS, dtype, device)
+            self.q_b_proj = _linear(fmts, prefix + "q_b_proj", self.q_rank, self.heads * qk_dim, dtype, device)
+        self.kv_a_proj_with_mqa = _linear(fmts, prefix + "kv_a_proj_with_mqa", hidden, self.rank + self.rope_dim,
+                                          dtype, device, bias)
+        self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, device)
+        self.kv_b_proj = _linear(fmts, prefix + "kv_b_proj", self.rank, self.heads * (self.nope + self.v_dim), dtype, device)
+        self.o_proj = _linear(fmts, prefix + "o_proj", self.heads * self.v_dim, hidden, dtype, device, bias)
+        self.indexer = Indexer(config, fmts, prefix + "indexer.", dtype, device) if dsa else None
+        self.interleaved = bool(config.get("rope_interleave", True)) or dsa
+        self.scale = qk_dim**-0.5 * _softmax_mscale(config) ** 2
+
+    def post_load(self) -> None:
+        """Split kv_b_proj per head into the absorbed form's w_uk [H, Dn, C] and w_uv [H, Dv, C]."""
+        dtype = self.kv_a_layernorm.weight.dtype
+        w = _dequantized(self.kv_b_proj, dtype).view(self.heads, self.nope + self.v_dim, self.rank)
+        self.register_buffer("w_uk", w[:, : self.nope].contiguous(), persistent=False)
+        self.register_buffer("w_uv", w[:, self.nope:].contiguous(), persistent=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        if self.q_rank is None:
+            q_latent, q = None, self.q_proj(x)
+        else:
+            q_latent = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_latent)
+        q = q.view(b * t, self.heads, self.nope + self.rope_dim)
+        q_nope = q[..., : self.nope].reshape(b, t, self.heads, self.nope)
+        q_pe = ops.rope(q[..., self.nope:], cos, sin, interleaved=self.interleaved).view(b, t, self.heads, self.rope_dim)
+
+        kv = self.kv_a_proj_with_mqa(x)
+        latent = self.kv_a_layernorm(kv[..., : self.rank])
+        k_pe = ops.rope(kv[..., self.rank:].reshape(b * t, self.rope_dim), cos, sin, interleaved=self.interleaved)
+        latent = _append(layer_cache, "kv_latent", latent)
+        k_pe = _append(layer_cache, "k_pe", k_pe.view(b, t, self.rope_dim))
+
+        if self.indexer is not None:
+            index_keys = _append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
+            if latent.shape[1] > self.indexer.topk:
+                selected = self.indexer.select(x, q_latent, index_keys, cos, sin)
+                out = sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, selected)
+                return self.o_proj(out.reshape(b, t, -1))
+        out = mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale)
+        return self.o_proj(out.reshape(b, t, -1))
+
+
+def _softmax_mscale(config: dict) -> float:
+    """YaRN's extra softmax factor (per side of q.k): mscale(factor, mscale_all_dim), 1 without YaRN."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind == "default" or not rope.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(float(rope["factor"]), float(rope["mscale_all_dim"]))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)); the dense MLP and the shared experts."""
+
+    def __init__(self, fmts: _Formats, prefix: str, hidden: int, inter: int, dtype, device):
+        super().__init__()
+        self.gate_proj = _linear(fmts, prefix + "gate_proj", hidden, inter, dtype, device)
+        self.up_proj = _linear(fmts, prefix + "up_proj", hidden, inter, dtype, device)
+        self.down_proj = _linear(fmts, prefix + "down_proj", inter, hidden, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class Router(nn.Module):
+    """`mlp.gate.weight` [E, hidden] and `mlp.gate.e_score_correction_bias` [E], both float32."""
+
+    def __init__(self, num_experts: int, hidden: int, device):
+        super().__init__()
+        self.weight = empty_param((num_experts, hidden), torch.float32, device)
+        self.e_score_correction_bias = empty_param((num_experts,), torch.float32, device)
+
+
+class Experts(nn.Module):
+    """Routed experts stacked in ops/moe.py's canonical layout, filled from the per-expert tensors
+    `{j}.gate_proj.weight` -> w13[j, :I], `{j}.up_proj.weight` -> w13[j, I:], `{j}.down_proj.weight`
+    -> w2[j] (and their `weight_scale_inv` into the same rows of w13_scale / w2_scale)."""
+
+    def __init__(self, fmt: str, num: int, hidden: int, inter: int, dtype, device):
+        super().__init__()
+        self.fmt, self.num, self.inter = fmt, num, inter
+        wdtype = torch.float8_e4m3fn if fmt == "fp8" else dtype
+        self.w13 = empty_param((num, 2 * inter, hidden), wdtype, device)
+        self.w2 = empty_param((num, hidden, inter), wdtype, device)
+        if fmt == "fp8":
+            bn, bk = FP8_BLOCK
+            self.w13_scale = empty_param((num, 2 * inter // bn, math.ceil(hidden / bk)), torch.float32, device)
+            self.w2_scale = empty_param((num, math.ceil(hidden / bn), inter // bk), torch.float32, device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        targets = {}
+        i, si = self.inter, self.inter // FP8_BLOCK[0]
+        for j in range(self.num):
+            views = {"gate_proj": (self.w13[j, :i], "w13_scale", slice(0, si)),
+                     "up_proj": (self.w13[j, i:], "w13_scale", slice(si, 2 * si)),
+                     "down_proj": (self.w2[j], "w2_scale", slice(None))}
+            for proj, (weight, scale_name, rows) in views.items():
+                name = f"{prefix}{j}.{proj}.weight"
+                targets[name] = copy_target(weight, name)
+                if self.fmt == "fp8":
+                    targets[name + "_scale_inv"] = copy_target(getattr(self, scale_name)[j, rows], name + "_scale_inv")
+        return targets
+
+    def weights(self) -> ExpertWeights:
+        if self.fmt == "fp8":
+            return ExpertWeights("fp8", self.w13, self.w2, self.w13_scale, self.w2_scale)
+        return ExpertWeights("bf16", self.w13, self.w2)
+
+
+class MoE(nn.Module):
+    def __init__(self, spec: ModelSpec, fmts: _Formats, prefix: str, dtype, device):
+        super().__init__()
+        e = spec.experts
+        self.routing = e.routing
+        self.gate = Router(e.num, spec.hidden_size, device)
+        self.experts = Experts(e.format, e.num, spec.hidden_size, e.intermediate_size, dtype, device)
+        self.shared_experts = (MLP(fmts, prefix + "shared_experts.", spec.hidden_size, e.shared_intermediate_size, dtype, device)
+                               if e.num_shared else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        r = self.routing
+        logits = ops.linear(x.float(), self.gate.weight)
+        ids, weights = route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, r.top_k, r.n_group,
+                                                 r.topk_group, r.normalize, r.scaling_factor)
+        expert_op = ops.moe_experts_fp8 if self.experts.fmt == "fp8" else ops.moe_experts_bf16
+        y = expert_op(x, ids, weights, self.experts.weights(), Activation("swiglu"))
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y.view(shape)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec, config: dict, fmts: _Formats, index: int, dtype, device):
+        super().__init__()
+        prefix = f"model.layers.{index}."
+        eps = float(config.get("rms_norm_eps", 1e-6))
+        layer = spec.layers[index]
+        self.input_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
+        self.self_attn = MLAttention(config, fmts, prefix + "self_attn.", dtype, device, dsa=layer.attention.kind == "dsa")
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
+        if layer.mlp.kind == "moe":
+            self.mlp = MoE(spec, fmts, prefix + "mlp.", dtype, device)
+        else:
+            self.mlp = MLP(fmts, prefix + "mlp.", spec.hidden_size, layer.mlp.intermediate_size, dtype, device)
+
+    def forward(self, x, cos, sin, layer_cache):
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def _check_config(spec: ModelSpec, config: dict) -> None:
+    """Raise UnsupportedModelError for a config value this file does not compute as transformers does."""
+    if config.get("scoring_func", "sigmoid") != "sigmoid":
+        raise _unsupported(config, "scoring_func", config["scoring_func"], ("sigmoid",))
+    if config.get("topk_method", "noaux_tc") != "noaux_tc":
+        raise _unsupported(config, "topk_method", config["topk_method"], ("noaux_tc",))
+    heads = config["num_attention_heads"]
+    if (config.get("num_key_value_heads") or heads) != heads:
+        raise _unsupported(config, "num_key_value_heads", config["num_key_value_heads"], (heads,))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type")) or "default"
+    if kind not in ("default", "yarn"):
+        raise _unsupported(config, "rope_scaling.type", kind, ("default", "yarn"))
+    e = spec.experts
+    if e is not None:
+        if e.format not in ("bf16", "fp8"):
+            raise _unsupported(config, "quantization_config (routed experts)", e.format, ("bf16", "fp8"))
+        if e.format == "fp8" and e.intermediate_size % FP8_BLOCK[0]:
+            # gate and up rows stack into w13; their 128-row scale blocks must not straddle the seam
+            raise _unsupported(config, "moe_intermediate_size", e.intermediate_size, ("a multiple of 128 (FP8 experts)",))
+        if e.num % e.routing.n_group:
+            raise _unsupported(config, "n_group", e.routing.n_group, (f"a divisor of n_routed_experts={e.num}",))
+        if e.routing.topk_group < e.routing.n_group and e.num // e.routing.n_group < 2:
+            raise _unsupported(config, "n_group", e.routing.n_group, ("at most n_routed_experts / 2",))
+    if spec.text_model_type == "deepseek_v32":
+        if config.get("q_lora_rank") is None:
+            raise _unsupported(config, "q_lora_rank", None, ("an integer (the indexer reads the q latent)",))
+        if int(config.get("index_head_dim", 128)) < int(config["qk_rope_head_dim"]):
+            raise _unsupported(config, "index_head_dim", config.get("index_head_dim"), (">= qk_rope_head_dim",))
+
+
+@register_model
+class DeepseekV3ForCausalLM(CausalLM):
+    model_types = ("deepseek_v3", "kimi_k2")
+
+    def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(spec, config, dtype, device)
+        _check_config(spec, config)
+        fmts = _Formats(spec, config)
+        rope = config.get("rope_parameters") or config.get("rope_scaling")
+        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
+        self.rope = rope_from_config(rope, int(config["qk_rope_head_dim"]), theta, config.get("max_position_embeddings"))
+        self.model = nn.Module()
+        self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
+        self.model.layers = nn.ModuleList(
+            DecoderLayer(spec, config, fmts, i, dtype, device) for i in range(spec.num_layers)
+        )
+        self.model.norm = RMSNorm(spec.hidden_size, float(config.get("rms_norm_eps", 1e-6)), dtype, device)
+        if not spec.tie_word_embeddings:
+            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
+
+    def ignore_patterns(self) -> tuple[str, ...]:
+        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers)."""
+        n = self.spec.num_layers
+        return tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+
+    def post_load(self) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.post_load()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
+        b, t = input_ids.shape
+        cos, sin = self.rope.cos_sin(positions.reshape(b * t))
+        x = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, None if cache is None else cache.layers[i])
+        x = self.model.norm(x)
+        head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
+        logits = ops.linear(x, head).float()
+        if cache is not None:
+            cache.length += t
+        return logits
+
+
+@register_model
+class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V3.2: every layer's attention is DSA (spec attention kind "dsa"); the rest is V3."""
+
+    model_types = ("deepseek_v32",)

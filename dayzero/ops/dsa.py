@@ -1,0 +1,64 @@
+"""DeepSeek Sparse Attention (DSA, DeepSeek-V3.2): the lightning indexer and its top-k selection.
+
+The indexer scores every (query, key) pair cheaply with its own small heads; each query then
+attends (`sparse_mla_attention`) only to its index_topk best-scoring visible keys. Per query token t
+and key token s, with Hi indexer heads of dim Di:
+    I[t, s] = sum_h w[t, h] * ReLU(scale * q[t, h] . k[s])
+q comes from the MLA query latent (wq_b), k from the layer input (wk, LayerNorm, one key shared by
+all indexer heads), w from weights_proj(x) * Hi^-0.5, scale = Di^-0.5; the first qk_rope_head_dim
+dims of q and k are rotated with the NON-interleaved (half-split) RoPE layout.
+
+These references are the exact-arithmetic definition that transformers implements. DeepSeek's
+deployed indexer applies a Hadamard rotation to q and k (orthonormal: q.k unchanged) and scores in
+FP8 with one scale per (token, head); kernels doing so approximate this op, they do not redefine it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dayzero.ops.registry import reference_op
+
+
+@reference_op("lightning_indexer")
+def lightning_indexer(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, scale: float) -> torch.Tensor:
+    """Index scores I[b, t, s] = sum_h weights[b, t, h] * relu(scale * q[b, t, h] . k[b, s]).
+
+    q [B, T, Hi, Di] (rotated), k [B, S, Di] (rotated, every cached key), weights [B, T, Hi];
+    returns float32 [B, T, S], computed in float32. No mask: see `topk_select`."""
+    if q.dim() != 4 or k.dim() != 3 or weights.dim() != 3:
+        raise ValueError(
+            f"lightning_indexer: q must be [batch, tokens, heads, dim], k [batch, keys, dim], weights "
+            f"[batch, tokens, heads]; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(weights.shape)}"
+        )
+    if k.shape[0] != q.shape[0] or k.shape[-1] != q.shape[-1] or weights.shape != q.shape[:3]:
+        raise ValueError(
+            f"lightning_indexer: shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, weights {tuple(weights.shape)} "
+            "(batch, head dim and heads must match)"
+        )
+    logits = torch.einsum("bthd,bsd->bths", q.float(), k.float()) * scale
+    return torch.einsum("bths,bth->bts", logits.relu(), weights.float())
+
+
+@reference_op("topk_select")
+def topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The k best-scoring visible keys of each query, causally: scores [B, T, S] float, where the T
+    queries are the last T of the S keys (query t sees keys s <= S - T + t).
+
+    Returns int64 [B, T, k]: key indices in descending score order (ties in torch.topk's order),
+    padded with -1 where a query sees fewer than k keys."""
+    if scores.dim() != 3:
+        raise ValueError(f"topk_select: scores must be [batch, queries, keys], got {tuple(scores.shape)}")
+    b, t, s = scores.shape
+    if t > s:
+        raise ValueError(f"topk_select: {t} queries cannot be the last of only {s} keys")
+    if k < 1:
+        raise ValueError(f"topk_select: k must be positive, got {k}")
+    rows = torch.arange(t, device=scores.device)[:, None] + (s - t)
+    hidden = torch.arange(s, device=scores.device)[None, :] > rows
+    masked = scores.float().masked_fill(hidden, float("-inf"))
+    values, indices = masked.topk(min(k, s), dim=-1)
+    indices = indices.masked_fill(values == float("-inf"), -1)
+    if k > s:
+        indices = torch.cat([indices, indices.new_full((b, t, k - s), -1)], dim=-1)
+    return indices
