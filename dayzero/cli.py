@@ -72,6 +72,19 @@ def _checkpoint_summary(model_dir: Path, load: bool, device: str) -> tuple[dict,
     return summary, text
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    from dayzero.verify import format_result, verify_checkpoint
+
+    model_dir = _model_dir(args.model)
+    result = verify_checkpoint(model_dir, prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
+                               dtype=args.dtype, device=args.device, tolerance=args.tolerance)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
+    if not result.passed:
+        print(f"dayzero verify: {result.first_divergence['message']}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from dayzero.ops import coverage_table
 
@@ -98,6 +111,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", action="store_true", help="also read every tensor back from disk, validating the files")
     p.add_argument("--device", default="cpu", help="device to load tensors to with --load (default cpu)")
     p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser(
+        "verify",
+        help="compare dayzero's logits and greedy tokens with transformers on a checkpoint",
+        description="Load the checkpoint in dayzero and in transformers, prefill the same random prompt and "
+        "decode greedily; report the max relative logits error of the prefill and of every decode step and "
+        "whether greedy tokens agree. Exits 1 at the first divergence. Without MODEL, the demo checkpoint.",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--prompt-len", type=int, default=32, help="random prompt length (default 32)")
+    p.add_argument("--decode-steps", type=int, default=8, help="greedy decode steps (default 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompt (default 0)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="compute dtype (default float32)")
+    p.add_argument("--device", default="cpu", help="device for both models (default cpu)")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="max relative logits error allowed (default 1e-4 for float32, 5e-2 for bfloat16)")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("ops", help="the operator library's coverage: op x backend")
     p.set_defaults(func=cmd_ops)
