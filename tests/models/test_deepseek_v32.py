@@ -1,0 +1,109 @@
+"""DeepSeek-V3.2 (V3 + DeepSeek Sparse Attention) against transformers, tiny real-layout FP8 checkpoint.
+
+index_topk is 8: a 5-token prompt runs dense MLA (every key is selected), 40- and 45-token prompts
+and the decode steps past 8 cached tokens run the indexer, top-k and sparse MLA.
+"""
+
+import pytest
+import torch
+
+from dayzero.models import load_model
+from dayzero.spec import UnsupportedModelError, load_spec
+from tests.models.deepseek_checkpoints import (GENERATE, V3_DIMS, V32_DIMS, build_deepseek_v32_checkpoint, greedy,
+                                              load_reference, positions, prompt, rel_err)
+
+TOPK = V32_DIMS["index_topk"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_deepseek_v32_checkpoint(tmp_path_factory.mktemp("deepseek_v32"))
+
+
+@pytest.fixture(scope="module")
+def models(checkpoint):
+    return load_model(checkpoint, dtype=torch.float32, progress=False), load_reference(checkpoint)
+
+
+def test_checkpoint_has_the_real_layout(checkpoint):
+    from dayzero.weights import Checkpoint
+
+    tensors = Checkpoint.open(checkpoint).tensors
+    indexer = "model.layers.0.self_attn.indexer."
+    assert tensors[indexer + "wq_b.weight"].dtype == "F8_E4M3" and tensors[indexer + "wk.weight_scale_inv"].dtype == "F32"
+    assert tensors[indexer + "weights_proj.weight"].dtype == "BF16"
+    assert tensors[indexer + "k_norm.bias"].torch_shape == (V32_DIMS["index_head_dim"],)
+    assert tensors["model.layers.2.mlp.experts.7.up_proj.weight"].dtype == "F8_E4M3"
+
+
+@pytest.mark.parametrize("length", (5, TOPK, 45))
+def test_logits_match_transformers(models, length):
+    ours, hf = models
+    ids = prompt(2, length)
+    with torch.no_grad():
+        got, want = ours(ids, positions(ids)), hf(ids).logits
+    err = rel_err(got, want)
+    print(f"max relative logits error, prompt {length} (index_topk {TOPK}): {err:.2e}")
+    assert err <= 1e-4
+
+
+def test_sparse_regime_is_exercised(models):
+    """Past index_topk keys the selection matters: dense attention over every key gives other logits."""
+    ours, hf = models
+    ids = prompt(2, 45)
+    with torch.no_grad():
+        want = hf(ids).logits
+        indexers = [layer.self_attn.indexer for layer in ours.model.layers]
+        for indexer in indexers:
+            indexer.topk = 10**9
+        try:
+            dense = ours(ids, positions(ids))
+        finally:
+            for indexer in indexers:
+                indexer.topk = TOPK
+    assert rel_err(dense[:, :TOPK], want[:, :TOPK]) <= 1e-4  # the first index_topk queries see at most topk keys
+    assert rel_err(dense, want) > 1e-2
+
+
+@pytest.mark.parametrize("length", (5, 40))
+def test_greedy_generation_matches_transformers(models, length):
+    ours, hf = models
+    ids = prompt(1, length, seed=1)
+    tokens, step_logits = greedy(ours, ids, GENERATE)
+    with torch.no_grad():
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GENERATE, do_sample=False,
+                           min_new_tokens=GENERATE, pad_token_id=0)
+    assert torch.equal(tokens, want[:, length:])
+    with torch.no_grad():
+        full = ours(want[:, :-1], positions(want[:, :-1]))[:, length - 1:]
+    assert rel_err(step_logits, full) <= 1e-5
+
+
+def test_cache_keeps_indexer_keys(models):
+    ours, _ = models
+    ids = prompt(2, 11, seed=5)
+    cache = ours.new_cache(2)
+    with torch.no_grad():
+        ours(ids, positions(ids), cache)
+    layer = cache.layers[0]
+    assert layer["kv_latent"].shape == (2, 11, V3_DIMS["kv_lora_rank"])
+    assert layer["k_pe"].shape == (2, 11, V3_DIMS["qk_rope_head_dim"])
+    assert layer["index_k"].shape == (2, 11, V32_DIMS["index_head_dim"])
+
+
+def test_bfloat16_runs(checkpoint, models):
+    ours32, _ = models
+    ours16 = load_model(checkpoint, dtype=torch.bfloat16, progress=False)
+    ids = prompt(1, 30, seed=6)
+    with torch.no_grad():
+        got, want = ours16(ids, positions(ids)), ours32(ids, positions(ids))
+    assert torch.isfinite(got).all()
+    assert float(((got - want).abs().amax(-1) / want.abs().amax(-1)).median()) <= 5e-2
+
+
+def test_v32_needs_the_q_latent():
+    from dayzero.models.deepseek_v3 import DeepseekV32ForCausalLM
+
+    config = {"model_type": "deepseek_v32", **V3_DIMS, **V32_DIMS, "q_lora_rank": None}
+    with pytest.raises(UnsupportedModelError, match="q_lora_rank"):
+        DeepseekV32ForCausalLM(load_spec(config), config, dtype=torch.float32, device="cpu")
