@@ -1,0 +1,395 @@
+"""DeepSeek-V4 (model_type deepseek_v4), in DeepSeek's original on-disk naming (no `model.` prefix).
+
+Per layer (paper: DeepSeek-V4 technical report; transformers' modeling_deepseek_v4.py is the oracle):
+  hc_mult residual streams --hyper_connection--> x --attn_norm--> attention --hyper_connection_post-->
+  streams --hyper_connection--> x --ffn_norm--> MoE --hyper_connection_post--> streams
+Attention: low-rank queries (wq_a, q_norm, wq_b, per-head RMSNorm), one shared key=value head (wkv,
+kv_norm), partial interleaved RoPE on the last qk_rope_head_dim channels, a sliding window plus
+compressed entries (compress_ratios[i]: 0 window only, 4 CSA with the lightning indexer, 128 HCA),
+per-head sinks, inverse RoPE on the output's rope channels, grouped low-rank output (wo_a per group
+of heads, then wo_b). Window-only layers use RoPE with rope_theta; compressed layers use YaRN with
+compress_rope_theta (no cos/sin scaling), for queries, keys and compressed entries alike.
+MoE: sqrt(softplus) router (hash table tid2eid in the first num_hash_layers layers), routed experts
+(MXFP4 / FP8 / bf16) with the swiglu clamp, plus one shared expert with the same clamp.
+The final hyper-head collapses the streams before `norm` and `head`.
+
+Cache per layer (`cache.layers[i]`): "window" [B, <= sliding_window - 1, D] rotated keys of the last
+tokens; per compressor (attention "comp_", indexer "index_"): "entries" [B, N, D] compressed entries
+so far, "pending_kv"/"pending_gate" [B, < ratio, C] projected tokens of the unfinished window, and
+for CSA "prev_kv"/"prev_gate" [B, ratio, C] the last complete window (its Ca half overlaps the next
+entry).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dayzero import ops
+from dayzero.formats import mxfp4
+from dayzero.models import register_model
+from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
+from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.rotary import Rope, rope_from_config
+from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_indexer, v4_topk_select
+from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
+from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
+from dayzero.ops.routing_v4 import route_hash, route_sqrtsoftplus
+from dayzero.spec import LayerSpec, ModelSpec, UnsupportedModelError
+from dayzero.weights import TensorSpec
+
+FP4_BLOCK = 32  # values per E8M0 scale along K
+
+
+class LinearFactory:
+    """Builds the dense projections in the checkpoint's format (FP8 blocks with `.scale`, or bf16)."""
+
+    def __init__(self, spec: ModelSpec, dtype: torch.dtype, device):
+        self.fmt = spec.quant.dense_format
+        self.block = tuple(spec.quant.fp8_block or (128, 128))
+        self.scale_dtype = torch.float8_e8m0fnu if spec.quant.scale_fmt == "ue8m0" else torch.float32
+        self.dtype, self.device = dtype, device
+
+    def __call__(self, in_features: int, out_features: int, *, quantized: bool = True, cls: type = Linear, **kw) -> Linear:
+        fmt = self.fmt if quantized else "bf16"
+        return cls(in_features, out_features, fmt=fmt, dtype=self.dtype, device=self.device, block=self.block,
+                   scale_name="scale", scale_dtype=self.scale_dtype, **kw)
+
+
+class GroupedLinear(Linear):
+    """wo_a: `groups` independent projections, group g maps input group g [.., in/groups] with weight
+    rows [g*out_g, (g+1)*out_g); stored as one [groups*out_g, in/groups] matrix."""
+
+    def __init__(self, in_per_group: int, out_features: int, *, groups: int, **kw):
+        super().__init__(in_per_group, out_features, **kw)
+        self.groups = groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., groups, in_per_group] -> [..., out_features] (group-major)."""
+        rows = self.out_features // self.groups
+        outs = []
+        for g in range(self.groups):
+            weight = self.weight[g * rows:(g + 1) * rows]
+            if self.fmt == "fp8":
+                scale = getattr(self, self.scale_name)[g * rows // self.block[0]:(g + 1) * rows // self.block[0]]
+                outs.append(ops.linear_fp8_block(x[..., g, :], weight, scale, None, self.block))
+            else:
+                outs.append(ops.linear(x[..., g, :], weight))
+        return torch.cat(outs, dim=-1)
+
+
+def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Interleaved RoPE on the last 2 * cos.shape[-1] channels of x [B, T, ..., D]; cos/sin
+    [B, T, r/2] or [T, r/2] (broadcast over the batch)."""
+    b, t = x.shape[:2]
+    rot = 2 * cos.shape[-1]
+    cos, sin = cos.expand(b, t, -1).reshape(b * t, -1), sin.expand(b, t, -1).reshape(b * t, -1)
+    tail = ops.rope(x[..., -rot:].reshape(b * t, *x.shape[2:-1], rot), cos, sin, interleaved=True)
+    return torch.cat([x[..., :-rot], tail.view(*x.shape[:-1], rot)], dim=-1)
+
+
+class Compressor(nn.Module):
+    """Pools every `ratio` tokens into one entry of width `dim` (CSA: two overlapping series)."""
+
+    def __init__(self, hidden: int, dim: int, ratio: int, overlap: bool, eps: float, dtype, device):
+        super().__init__()
+        self.dim, self.ratio, self.overlap, self.eps = dim, ratio, overlap, eps
+        width = 2 * dim if overlap else dim
+        self.wkv = Linear(hidden, width, dtype=dtype, device=device)
+        self.wgate = Linear(hidden, width, dtype=dtype, device=device)
+        self.norm = RMSNorm(dim, eps, dtype=dtype, device=device)
+        self.ape = empty_param((ratio, width), torch.float32, device)
+
+    def forward(self, x: torch.Tensor, rope: Rope, state: dict, key: str) -> torch.Tensor:
+        """Feed x [B, T, hidden]; returns every entry so far, rotated at its window's first position."""
+        kv, gate = self.wkv(x), self.wgate(x)
+        if key + "pending_kv" in state:
+            kv = torch.cat([state[key + "pending_kv"], kv], dim=1)
+            gate = torch.cat([state[key + "pending_gate"], gate], dim=1)
+        usable = kv.shape[1] // self.ratio * self.ratio
+        state[key + "pending_kv"], state[key + "pending_gate"] = kv[:, usable:], gate[:, usable:]
+        entries = state.get(key + "entries", kv.new_zeros((kv.shape[0], 0, self.dim)))
+        if usable:
+            new = kv_compressor(kv[:, :usable], gate[:, :usable], self.ape, self.norm.weight, self.eps, self.overlap,
+                                state.get(key + "prev_kv"), state.get(key + "prev_gate"))
+            if self.overlap:
+                state[key + "prev_kv"] = kv[:, usable - self.ratio:usable]
+                state[key + "prev_gate"] = gate[:, usable - self.ratio:usable]
+            first = entries.shape[1]
+            cos, sin = rope.cos_sin(torch.arange(first, first + new.shape[1], device=x.device) * self.ratio)
+            entries = torch.cat([entries, rope_tail(new, cos, sin)], dim=1)
+        state[key + "entries"] = entries
+        return entries
+
+
+class Indexer(nn.Module):
+    """Lightning indexer of a CSA layer: its own compressor at index_head_dim, queries from the
+    attention's low-rank query latent, per-head weights from the layer input."""
+
+    def __init__(self, hidden: int, q_lora: int, heads: int, dim: int, topk: int, ratio: int, eps: float,
+                 linear: LinearFactory, dtype, device):
+        super().__init__()
+        self.heads, self.dim, self.topk, self.ratio = heads, dim, topk, ratio
+        self.wq_b = linear(q_lora, heads * dim)
+        self.weights_proj = linear(hidden, heads, quantized=False)
+        self.compressor = Compressor(hidden, dim, ratio, True, eps, dtype, device)
+
+    def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict) -> torch.Tensor:
+        keys = self.compressor(x, rope, state, "index_")
+        q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
+        scores = v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio)
+        return v4_topk_select(scores, self.topk)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: dict, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
+        super().__init__()
+        a = layer.attention
+        hidden = int(config["hidden_size"])
+        self.heads, self.head_dim, self.window = a.num_heads, a.head_dim, a.sliding_window
+        self.kind, self.ratio = a.kind, a.compress_ratio
+        self.wq_a = linear(hidden, a.q_lora_rank)
+        self.q_norm = RMSNorm(a.q_lora_rank, eps, dtype=dtype, device=device)
+        self.wq_b = linear(a.q_lora_rank, a.num_heads * a.head_dim)
+        self.wkv = linear(hidden, a.head_dim)
+        self.kv_norm = RMSNorm(a.head_dim, eps, dtype=dtype, device=device)
+        self.wo_a = linear(a.num_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank, cls=GroupedLinear, groups=a.o_groups)
+        self.wo_b = linear(a.o_groups * a.o_lora_rank, hidden)
+        self.attn_sink = empty_param((a.num_heads,), torch.float32, device)
+        self.eps = eps
+        if a.kind in ("csa", "hca"):
+            self.compressor = Compressor(hidden, a.head_dim, a.compress_ratio, a.kind == "csa", eps, dtype, device)
+        if a.kind == "csa":
+            self.indexer = Indexer(hidden, a.q_lora_rank, a.index_n_heads, a.index_head_dim, a.index_topk,
+                                   a.compress_ratio, eps, linear, dtype, device)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, state: dict) -> torch.Tensor:
+        cos, sin = rope.cos_sin(positions)
+        q_latent = self.q_norm(self.wq_a(x))
+        q = self.wq_b(q_latent).unflatten(-1, (self.heads, self.head_dim))
+        q = rope_tail(ops.rms_norm(q, torch.ones_like(q[0, 0, 0]), self.eps), cos, sin)
+        kv = rope_tail(self.kv_norm(self.wkv(x)), cos, sin)
+        keys = torch.cat([state["window"], kv], dim=1) if "window" in state else kv
+        state["window"] = keys[:, max(keys.shape[1] - self.window + 1, 0):]  # the last window - 1 keys
+
+        compressed = indices = None
+        if self.kind in ("csa", "hca"):
+            compressed = self.compressor(x, rope, state, "comp_")
+        if self.kind == "csa":
+            indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
+        out = sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
+                               positions, self.ratio)
+        out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
+        return self.wo_b(self.wo_a(out.unflatten(2, (self.wo_a.groups, -1)).flatten(3)))
+
+
+class Router(nn.Module):
+    """ffn.gate: weight [E, hidden]; `bias` (score correction, float32 [E]) or `tid2eid` (hash layers)."""
+
+    def __init__(self, num_experts: int, hidden: int, top_k: int, vocab: int, hashed: bool, dtype, device):
+        super().__init__()
+        self.hashed, self.top_k = hashed, top_k
+        self.weight = empty_param((num_experts, hidden), dtype, device)
+        if hashed:
+            self.register_buffer("tid2eid", torch.empty((vocab, top_k), dtype=torch.int64, device=device))
+        else:
+            self.bias = empty_param((num_experts,), torch.float32, device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        targets = {prefix + "weight": copy_target(self.weight, prefix + "weight")}
+        if self.hashed:  # int32 or int64 table
+            table = self.tid2eid
+            targets[prefix + "tid2eid"] = WeightTarget(TensorSpec(tuple(table.shape), (torch.int32, torch.int64)),
+                                                       lambda t: table.copy_(t))
+        else:
+            targets[prefix + "bias"] = copy_target(self.bias, prefix + "bias")
+        return targets
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = ops.linear(x, self.weight)
+        if self.hashed:
+            return route_hash(logits, token_ids, self.tid2eid, scaling)
+        return route_sqrtsoftplus(logits, self.bias, self.top_k, scaling)
+
+
+class RoutedExperts(nn.Module):
+    """ffn.experts.{e}.w1 (gate) / w3 (up) / w2 (down), held stacked in the canonical layout of
+    dayzero.ops.moe: w13 [E, 2I, H] (gate rows first), w2 [E, H, I]. mxfp4: blocks uint8
+    [E, N, K/32, 16] and E8M0 scale bytes [E, N, K/32]; fp8: e4m3 with block scales
+    [E, N/bn, K/bk]; bf16: model dtype."""
+
+    def __init__(self, num: int, inter: int, hidden: int, fmt: str, linear: LinearFactory, dtype, device):
+        super().__init__()
+        self.num, self.inter, self.fmt, self.block = num, inter, fmt, linear.block
+        shapes = {"w13": (2 * inter, hidden), "w2": (hidden, inter)}
+        for name, (n, k) in shapes.items():
+            if fmt == "mxfp4":
+                setattr(self, name, empty_param((num, n, k // FP4_BLOCK, FP4_BLOCK // 2), torch.uint8, device))
+                setattr(self, name + "_scale", empty_param((num, n, k // FP4_BLOCK), torch.uint8, device))
+            elif fmt == "fp8":
+                setattr(self, name, empty_param((num, n, k), torch.float8_e4m3fn, device))
+                grid = (num, math.ceil(n / self.block[0]), math.ceil(k / self.block[1]))
+                setattr(self, name + "_scale", empty_param(grid, linear.scale_dtype, device))
+            else:
+                setattr(self, name, empty_param((num, n, k), dtype, device))
+                setattr(self, name + "_scale", None)
+
+    def experts(self) -> ExpertWeights:
+        return ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        targets = {}
+        i = self.inter
+        for e in range(self.num):
+            for name, stacked, rows in (("w1", "w13", slice(0, i)), ("w3", "w13", slice(i, 2 * i)), ("w2", "w2", slice(None))):
+                base = f"{prefix}{e}.{name}."
+                targets[base + "weight"] = self._target(getattr(self, stacked)[e, rows], is_scale=False)
+                if self.fmt != "bf16":
+                    grid = rows if self.fmt == "mxfp4" or name == "w2" else slice(rows.start // self.block[0], rows.stop // self.block[0])
+                    targets[base + "scale"] = self._target(getattr(self, stacked + "_scale")[e, grid], is_scale=True)
+        return targets
+
+    def _target(self, view: torch.Tensor, is_scale: bool) -> WeightTarget:
+        """Checkpoint tensor -> one expert's slice of the stacked tensor (packed bytes are reinterpreted, not converted)."""
+        if self.fmt == "mxfp4" and is_scale:  # F8_E8M0 [N, K/32] -> bytes
+            spec = TensorSpec(tuple(view.shape), (torch.float8_e8m0fnu, torch.uint8))
+            convert = lambda t: mxfp4.as_e8m0_bytes(t, "expert scale")  # noqa: E731
+        elif self.fmt == "mxfp4":  # int8 [N, K/2], two E2M1 values per byte, even element low
+            spec = TensorSpec((view.shape[0], view.shape[1] * view.shape[2]), torch.int8)
+            convert = lambda t: t.view(torch.uint8).unflatten(-1, (-1, FP4_BLOCK // 2))  # noqa: E731
+        else:
+            return copy_target(view, "")
+        return WeightTarget(spec, lambda t: view.copy_(convert(t)))
+
+
+class MoE(nn.Module):
+    def __init__(self, spec: ModelSpec, layer: LayerSpec, linear: LinearFactory, dtype, device):
+        super().__init__()
+        e = layer.mlp.experts
+        hidden = spec.hidden_size
+        self.scaling = e.routing.scaling_factor
+        self.activation = Activation("swiglu", limit=layer.mlp.activation.limit)
+        self.gate = Router(e.num, hidden, e.top_k, spec.vocab_size, layer.mlp.kind == "hash_moe", dtype, device)
+        self.experts = RoutedExperts(e.num, e.intermediate_size, hidden, e.format, linear, dtype, device)
+        self.experts_op = MOE_EXPERT_OPS[e.format]
+        self.shared_experts = nn.Module()
+        self.shared_experts.w1 = linear(hidden, e.shared_intermediate_size)
+        self.shared_experts.w2 = linear(e.shared_intermediate_size, hidden)
+        self.shared_experts.w3 = linear(hidden, e.shared_intermediate_size)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        flat = x.flatten(0, 1)
+        ids, weights = self.gate(flat, token_ids.flatten(), self.scaling)
+        routed = self.experts_op(flat, ids, weights, self.experts.experts(), self.activation)
+        s = self.shared_experts
+        shared = s.w2(ops.swiglu(s.w1(flat), s.w3(flat), limit=self.activation.limit))
+        return (routed + shared).view_as(x)
+
+
+class Block(nn.Module):
+    def __init__(self, spec: ModelSpec, config: dict, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
+        super().__init__()
+        hidden, n = spec.hidden_size, spec.cross_layer.hc_mult
+        self.attn_norm = RMSNorm(hidden, eps, dtype=dtype, device=device)
+        self.ffn_norm = RMSNorm(hidden, eps, dtype=dtype, device=device)
+        for site in ("attn", "ffn"):  # float32, as shipped
+            setattr(self, f"hc_{site}_fn", empty_param(((2 + n) * n, n * hidden), torch.float32, device))
+            setattr(self, f"hc_{site}_base", empty_param(((2 + n) * n,), torch.float32, device))
+            setattr(self, f"hc_{site}_scale", empty_param((3,), torch.float32, device))
+        self.attn = Attention(config, layer, linear, eps, dtype, device)
+        self.ffn = MoE(spec, layer, linear, dtype, device)
+
+    def forward(self, streams, token_ids, positions, rope: Rope, state: dict, hc: tuple[int, float, float]):
+        x, post, comb = hyper_connection(streams, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, *hc)
+        streams = hyper_connection_post(self.attn(self.attn_norm(x), positions, rope, state), streams, post, comb)
+        x, post, comb = hyper_connection(streams, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, *hc)
+        return hyper_connection_post(self.ffn(self.ffn_norm(x), token_ids), streams, post, comb)
+
+
+def _check_supported(spec: ModelSpec, config: dict) -> None:
+    where = spec.source or "config.json"
+
+    def require(field: str, ok: bool, supported: tuple) -> None:
+        if not ok:
+            raise UnsupportedModelError(field, config.get(field), supported, where)
+
+    require("num_key_value_heads", int(config.get("num_key_value_heads", 1)) == 1, (1,))
+    require("attention_bias", not config.get("attention_bias", False), (False,))
+    require("mlp_bias", not config.get("mlp_bias", False), (False,))
+    require("hidden_act", config.get("hidden_act", "silu") == "silu", ("silu",))
+    require("scoring_func", config.get("scoring_func", "sqrtsoftplus") == "sqrtsoftplus", ("sqrtsoftplus",))
+    require("norm_topk_prob", bool(config.get("norm_topk_prob", True)), (True,))  # transformers always normalises
+    require("n_shared_experts", int(config.get("n_shared_experts", 1) or 0) == 1, (1,))
+    require("tie_word_embeddings", not spec.tie_word_embeddings, (False,))
+    require("sliding_window", int(config.get("sliding_window", 128)) >= 1, ("an integer >= 1",))
+    if spec.quant.expert_format not in MOE_EXPERT_OPS:
+        raise UnsupportedModelError("expert_dtype", spec.quant.expert_format, tuple(MOE_EXPERT_OPS), where)
+    if spec.quant.dense_format not in ("fp8", "bf16"):
+        raise UnsupportedModelError("quantization_config", spec.quant.dense_format, ("fp8", "bf16"), where)
+    block = tuple(spec.quant.fp8_block or (128, 128))
+    a = spec.layers[0].attention
+    require("o_groups", (a.num_heads * a.head_dim) % a.o_groups == 0, ("a divisor of num_attention_heads * head_dim",))
+    if spec.quant.dense_format == "fp8":
+        require("o_lora_rank", a.o_groups == 1 or a.o_lora_rank % block[0] == 0, (f"a multiple of {block[0]} (FP8 block rows)",))
+    if spec.quant.expert_format == "fp8":
+        require("moe_intermediate_size", spec.experts.intermediate_size % block[0] == 0, (f"a multiple of {block[0]}",))
+    if spec.quant.expert_format == "mxfp4":
+        require("moe_intermediate_size", spec.experts.intermediate_size % FP4_BLOCK == 0, (f"a multiple of {FP4_BLOCK}",))
+        require("hidden_size", spec.hidden_size % FP4_BLOCK == 0, (f"a multiple of {FP4_BLOCK}",))
+    for layer in spec.layers:
+        if layer.attention.kind not in ("swa", "csa", "hca"):
+            raise UnsupportedModelError("layer_types", layer.attention.kind, ("swa", "csa", "hca"), where)
+
+
+def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
+    """(main, compress): plain RoPE with rope_theta for window-only layers; compressed layers use
+    compress_rope_theta with the config's scaling (YaRN) and no cos/sin scaling."""
+    params = config.get("rope_parameters") or {}
+    if isinstance(params.get("compress"), dict):  # transformers-saved configs nest {main, compress}
+        main, compress = params.get("main") or {}, dict(params["compress"])
+    else:
+        main, compress = {}, dict(config.get("rope_scaling") or params)
+    main_rope = rope_from_config({"rope_type": main.get("rope_type", "default")}, rope_dim,
+                                 float(main.get("rope_theta", config.get("rope_theta", 10000.0))))
+    compress["rope_theta"] = float(compress.get("rope_theta", config.get("compress_rope_theta", 160000.0)))
+    if compress.get("rope_type", compress.get("type")) == "yarn":
+        compress.setdefault("attention_factor", 1.0)
+    return main_rope, rope_from_config(compress, rope_dim, compress["rope_theta"], config.get("max_position_embeddings"))
+
+
+@register_model
+class DeepseekV4ForCausalLM(CausalLM):
+    model_types = ("deepseek_v4",)
+    ignore_unexpected = (r"^mtp\.",)
+
+    def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
+        super().__init__(spec, config, dtype, device)
+        _check_supported(spec, config)
+        hidden, eps = spec.hidden_size, float(config.get("rms_norm_eps", 1e-6))
+        linear = LinearFactory(spec, dtype, device)
+        cross = spec.cross_layer
+        self.hc = (cross.hc_sinkhorn_iters, cross.hc_eps, eps)
+        self.embed = Embedding(spec.vocab_size, hidden, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(Block(spec, config, layer, linear, eps, dtype, device) for layer in spec.layers)
+        self.norm = RMSNorm(hidden, eps, dtype=dtype, device=device)
+        self.head = Linear(hidden, spec.vocab_size, dtype=dtype, device=device)
+        n = cross.hc_mult
+        self.hc_head_fn = empty_param((n, n * hidden), torch.float32, device)
+        self.hc_head_base = empty_param((n,), torch.float32, device)
+        self.hc_head_scale = empty_param((1,), torch.float32, device)
+        self.rope_main, self.rope_compress = _ropes(config, spec.layers[0].attention.qk_rope_head_dim)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
+        x = self.embed(input_ids)
+        streams = x.unsqueeze(2).expand(-1, -1, self.spec.cross_layer.hc_mult, -1).contiguous()
+        for i, block in enumerate(self.layers):
+            rope = self.rope_main if block.attn.kind == "swa" else self.rope_compress
+            state = cache.layers[i] if cache is not None else {}
+            streams = block(streams, input_ids, positions, rope, state, self.hc)
+        x = hyper_connection(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, *self.hc)[0]
+        if cache is not None:
+            cache.length += input_ids.shape[1]
+        return self.head(self.norm(x)).float()
