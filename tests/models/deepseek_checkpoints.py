@@ -100,9 +100,9 @@ def _build(out_dir: Path, hf_type: str, dims: dict, rope: dict, rope_theta: floa
     from transformers import AutoConfig, AutoModelForCausalLM
 
     out_dir = Path(out_dir)
-    torch.manual_seed(seed)
     cfg = AutoConfig.for_model(hf_type, rope_scaling=dict(rope), rope_theta=rope_theta, **dims)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(out_dir)
+    with torch.random.fork_rng():  # transformers' init draws from the global generator; every value is redrawn below
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(out_dir)
     state = _redraw(load_file(out_dir / "model.safetensors"), torch.Generator().manual_seed(seed))
     if fp8:
         state = _real_layout(state, fp8, "ue8m0" if scale_fmt == "ue8m0" else "float32")

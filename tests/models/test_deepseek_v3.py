@@ -20,6 +20,14 @@ VOCAB = V3_DIMS["vocab_size"]
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
 
 
+
+@pytest.fixture(autouse=True)
+def _private_rng():
+    """Deterministic draws here, and the global generator left as other test files expect it."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        yield
+
 @pytest.fixture(scope="module", params=MODEL_TYPES)
 def checkpoint(request, tmp_path_factory):
     return build_deepseek_v3_checkpoint(tmp_path_factory.mktemp(request.param), model_type=request.param)
