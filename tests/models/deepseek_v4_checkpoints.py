@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+import torch
 from safetensors.torch import save_file
 
 from dayzero.demo.checkpoint import DEMO_CONFIG, demo_state_dict
@@ -36,15 +37,50 @@ def tiny_v4_config(**overrides) -> dict:
     return config
 
 
-def build_deepseek_v4_checkpoint(tmp_dir: str | os.PathLike, **overrides) -> Path:
+def build_deepseek_v4_checkpoint(tmp_dir: str | os.PathLike, *, mtp: bool = False, **overrides) -> Path:
     """Write config.json and model.safetensors of a tiny random DeepSeek-V4 into `tmp_dir`.
 
     overrides: config.json fields (e.g. sliding_window, index_topk, compress_ratios, num_hidden_layers).
-    Dims stay <= 128 or multiples of 128 (FP8 blocks) and multiples of 32 (FP4 blocks)."""
+    Dims stay <= 128 or multiples of 128 (FP8 blocks) and multiples of 32 (FP4 blocks).
+    mtp: also ship one MTP layer as the real checkpoint does (`mtp.0.*` tensors, here a copy of the
+    last layer's, `num_nextn_predict_layers: 1` and a trailing `compress_ratios` entry)."""
     out = Path(tmp_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = tiny_v4_config(**overrides)
     state = {name: t.contiguous() for name, t in demo_state_dict(config).items()}
+    if mtp:
+        last = f"layers.{config['num_hidden_layers'] - 1}."
+        state.update({"mtp.0." + n[len(last):]: t.clone() for n, t in state.items() if n.startswith(last)})
+        config.update(num_nextn_predict_layers=1, compress_ratios=config["compress_ratios"] + [0])
     save_file(state, out / "model.safetensors", metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return out
+
+
+def load_reference(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
+    """transformers' DeepseekV4ForCausalLM on the checkpoint (on CPU it dequantizes FP8 / FP4 on load)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.generation_config.eos_token_id = None  # generate exactly the requested number of tokens
+    return model.eval()
+
+
+def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |ours - ref| / max |ref|."""
+    return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
+
+
+def greedy(model, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """dayzero: prefill then one-token decode steps with the cache -> (tokens [B, steps], logits [B, steps, vocab])."""
+    cache = model.new_cache(ids.shape[0])
+    batch, length = ids.shape
+    logits = model(ids, torch.arange(length).expand(batch, -1), cache)[:, -1]
+    tokens, step_logits = [], [logits]
+    for _ in range(steps - 1):
+        nxt = logits.argmax(-1, keepdim=True)
+        tokens.append(nxt)
+        logits = model(nxt, torch.full_like(nxt, cache.length), cache)[:, -1]
+        step_logits.append(logits)
+    tokens.append(logits.argmax(-1, keepdim=True))
+    return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
