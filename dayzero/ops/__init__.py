@@ -12,6 +12,14 @@ from dayzero.ops.embedding import embedding
 from dayzero.ops.linear import linear, linear_fp8_block, linear_mxfp4
 from dayzero.ops.moe import Activation, ExpertWeights, moe_experts_bf16, moe_experts_fp8, moe_experts_mxfp4
 from dayzero.ops.quant import mxfp4_dequantize, mxfp4_to_fp8_op as mxfp4_to_fp8
+from dayzero.ops.routing_softmax import route_softmax_topk
+from dayzero.ops.routing_deepseek import route_sigmoid_grouped
+from dayzero.ops.routing_v4 import route_hash, route_sqrtsoftplus
+from dayzero.ops.attention_gqa import gqa_attention
+from dayzero.ops.attention_mla import mla_attention, sparse_mla_attention
+from dayzero.ops.dsa import lightning_indexer, topk_select
+from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_indexer, v4_topk_select
+from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 
 __all__ = [
     "REGISTRY",
@@ -35,4 +43,19 @@ __all__ = [
     "moe_experts_mxfp4",
     "mxfp4_dequantize",
     "mxfp4_to_fp8",
+    "route_softmax_topk",
+    "route_sigmoid_grouped",
+    "route_hash",
+    "route_sqrtsoftplus",
+    "gqa_attention",
+    "mla_attention",
+    "sparse_mla_attention",
+    "lightning_indexer",
+    "topk_select",
+    "kv_compressor",
+    "sparse_attention",
+    "v4_indexer",
+    "v4_topk_select",
+    "hyper_connection",
+    "hyper_connection_post",
 ]

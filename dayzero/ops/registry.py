@@ -75,7 +75,17 @@ class Op:
 
     def __call__(self, *args, **kwargs):
         impl = self.select(_device_type_of(args, kwargs), args, kwargs)
-        return impl.fn(*args, **kwargs)
+        registry = self.registry
+        if registry is None or not registry._recorders:
+            return impl.fn(*args, **kwargs)
+        if registry._depth == 0:
+            for calls in registry._recorders:
+                calls[self.name] = calls.get(self.name, 0) + 1
+        registry._depth += 1
+        try:
+            return impl.fn(*args, **kwargs)
+        finally:
+            registry._depth -= 1
 
 
 def _device_type_of(args: tuple, kwargs: dict) -> str:
@@ -91,6 +101,8 @@ class Registry:
     def __init__(self) -> None:
         self._ops: dict[str, Op] = {}
         self._forced: list[str] = []
+        self._recorders: list[dict[str, int]] = []
+        self._depth = 0
 
     # -- definition -------------------------------------------------------------------------
     def define(self, name: str, reference: Callable, doc: str | None = None) -> Op:
@@ -159,6 +171,17 @@ class Registry:
             yield
         finally:
             self._forced.pop()
+
+    @contextlib.contextmanager
+    def record_calls(self) -> Iterator[dict[str, int]]:
+        """Count the ops called from outside any op (what a model calls directly, not the ops a
+        reference implementation calls inside): {op name: calls}, filled while the block runs."""
+        calls: dict[str, int] = {}
+        self._recorders.append(calls)
+        try:
+            yield calls
+        finally:
+            self._recorders.remove(calls)
 
     # -- reporting --------------------------------------------------------------------------
     def coverage(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:

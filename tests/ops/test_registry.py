@@ -77,3 +77,16 @@ def test_builtin_ops_are_defined_with_reference():
 
     for name in ["embedding", "rms_norm", "layer_norm", "rope", "swiglu", "swiglu_clamped", "linear", "linear_fp8_block", "linear_mxfp4", "mxfp4_dequantize", "mxfp4_to_fp8"]:
         assert ops.backends_for(name)[0] == REFERENCE
+
+
+def test_record_calls_counts_outermost_ops_only():
+    reg = Registry()
+    inner = reg.define("inner", lambda x: x + 1)
+    outer = reg.define("outer", lambda x: inner(x) * 2)
+    with reg.record_calls() as calls:
+        outer(torch.ones(1))
+        outer(torch.ones(1))
+        inner(torch.ones(1))
+    assert calls == {"outer": 2, "inner": 1}
+    outer(torch.ones(1))  # not recorded after the block
+    assert calls == {"outer": 2, "inner": 1}
