@@ -32,10 +32,7 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM, KVCache, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
-from dayzero.ops.attention_mla import mla_attention, sparse_mla_attention
-from dayzero.ops.dsa import lightning_indexer, topk_select
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.ops.routing_deepseek import route_sigmoid_grouped
 from dayzero.spec import ModelSpec, UnsupportedModelError
 
 FP8_BLOCK = (128, 128)
@@ -116,8 +113,8 @@ class Indexer(nn.Module):
         q = self.wq_b(q_latent).view(b * t, self.heads, self.head_dim)
         q = self._rotate(q, cos, sin).view(b, t, self.heads, self.head_dim)
         weights = self.weights_proj(x.float()) * self.heads**-0.5
-        scores = lightning_indexer(q, keys, weights, self.head_dim**-0.5)
-        return topk_select(scores, self.topk)
+        scores = ops.lightning_indexer(q, keys, weights, self.head_dim**-0.5)
+        return ops.topk_select(scores, self.topk)
 
 
 class MLAttention(nn.Module):
@@ -173,9 +170,9 @@ class MLAttention(nn.Module):
             index_keys = _append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
             if latent.shape[1] > self.indexer.topk:
                 selected = self.indexer.select(x, q_latent, index_keys, cos, sin)
-                out = sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, selected)
+                out = ops.sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, selected)
                 return self.o_proj(out.reshape(b, t, -1))
-        out = mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale)
+        out = ops.mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale)
         return self.o_proj(out.reshape(b, t, -1))
 
 
@@ -261,7 +258,7 @@ class MoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         r = self.routing
         logits = ops.linear(x.float(), self.gate.weight)
-        ids, weights = route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, r.top_k, r.n_group,
+        ids, weights = ops.route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, r.top_k, r.n_group,
                                                  r.topk_group, r.normalize, r.scaling_factor)
         expert_op = ops.moe_experts_fp8 if self.experts.fmt == "fp8" else ops.moe_experts_bf16
         y = expert_op(x, ids, weights, self.experts.weights(), Activation("swiglu"))
