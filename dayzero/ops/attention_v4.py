@@ -116,14 +116,14 @@ def v4_indexer(
 
 @reference_op("v4_topk_select")
 def v4_topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the min(k, N) best entries per row of scores [..., N], best first; equal scores
-    go to the lower index. Picks with score -inf (entries not visible) become -1. int64 [..., min(k, N)]."""
+    """Indices of the min(k, N) best entries per row of scores [..., N], best first, as torch.topk
+    picks them (which of several exactly equal scores wins is unspecified, as upstream; it happens
+    when every indexer head's ReLU is 0). Picks with score -inf (entries not yet visible) become -1.
+    int64 [..., min(k, N)]."""
     if k < 1:
         raise ValueError(f"v4_topk_select: k must be >= 1, got {k}")
-    k = min(k, scores.shape[-1])
-    order = torch.sort(scores, dim=-1, descending=True, stable=True)
-    picked = order.indices[..., :k]
-    return picked.masked_fill(order.values[..., :k] == float("-inf"), -1)
+    best = scores.topk(min(k, scores.shape[-1]), dim=-1)
+    return best.indices.masked_fill(best.values == float("-inf"), -1)
 
 
 # -- attention --------------------------------------------------------------------------------

@@ -142,6 +142,23 @@ def test_bfloat16_runs(checkpoint, models):
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
 
 
+def test_demo_checkpoint_matches_transformers():
+    """The embedded demo (4 indexer heads, top-4) has exact zero-score ties in the indexer; top-k
+    breaks them as torch.topk does, like transformers, so even those positions agree."""
+    from dayzero.demo import demo_checkpoint
+
+    path = demo_checkpoint()
+    ours, ref = load_model(path, dtype=torch.float32, progress=False), load_reference(path)
+    ids = torch.randint(0, ref.config.vocab_size, (1, 160), generator=torch.Generator().manual_seed(64))
+    with torch.no_grad():
+        err = rel_err(ours(ids, positions(ids)), ref(ids).logits)
+        want = ref.generate(ids[:, :20], attention_mask=torch.ones_like(ids[:, :20]), do_sample=False,
+                            max_new_tokens=16, min_new_tokens=16, pad_token_id=0)[:, 20:]
+        tokens, _ = greedy(ours, ids[:, :20], 16)
+    print(f"\ndeepseek_v4 demo checkpoint, prompt 160: max relative logits error {err:.2e}")
+    assert err <= 1e-4 and tokens.tolist() == want.tolist()
+
+
 @pytest.mark.parametrize("field, value", [
     ("scoring_func", "softmax"),
     ("num_key_value_heads", 2),

@@ -104,16 +104,19 @@ def test_v4_indexer_matches_loops():
                 assert got[bi, ti, s].item() == pytest.approx(want, rel=1e-5, abs=1e-6)
 
 
-def test_v4_topk_select_order_ties_and_invalid():
+def test_v4_topk_select_best_first_and_invalid():
     inf = float("-inf")
-    scores = torch.tensor([[0.5, 2.0, 0.5, -1.0, inf], [inf, inf, 3.0, inf, inf]])
+    scores = torch.tensor([[0.5, 2.0, 0.25, -1.0, inf], [inf, inf, 3.0, inf, inf]])
     assert v4_topk_select(scores, 3).tolist() == [[1, 0, 2], [2, -1, -1]]
     assert v4_topk_select(scores, 10).shape == (2, 5)  # k capped at the entry count
     assert v4_topk_select(torch.zeros(2, 0), 4).shape == (2, 0)
     gen = torch.Generator().manual_seed(3)
     scores = randn(4, 7, 20, gen=gen)
     got = v4_topk_select(scores, 5)
-    assert torch.equal(got, scores.topk(5, dim=-1).indices)  # no ties: the usual top-k
+    for row, picked in zip(scores.view(-1, 20), got.view(-1, 5)):
+        assert picked.tolist() == sorted(range(20), key=lambda j: -float(row[j]))[:5]
+    ties = v4_topk_select(torch.tensor([[0.0, 1.0, 0.0, 0.0, -2.0]]), 2)[0].tolist()  # either tied entry may win
+    assert ties[0] == 1 and ties[1] in (0, 2, 3)
     with pytest.raises(ValueError, match="k must be"):
         v4_topk_select(scores, 0)
 
