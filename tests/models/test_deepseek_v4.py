@@ -142,6 +142,21 @@ def test_bfloat16_runs(checkpoint, models):
     assert (logits.argmax(-1) == reference.argmax(-1)).float().mean() > 0.8
 
 
+@pytest.mark.parametrize("variant, options, expert_dtype", [
+    ("fp8_experts", dict(expert_dtype="fp8", moe_intermediate_size=128), torch.float8_e4m3fn),
+    ("unquantized", dict(quantized=False), torch.float32),
+])
+def test_other_weight_formats_match_transformers(tmp_path, variant, options, expert_dtype):
+    path = build_deepseek_v4_checkpoint(tmp_path, **options)
+    ours, ref = load_model(path, dtype=torch.float32, progress=False), load_reference(path)
+    assert ours.layers[2].ffn.experts.w13.dtype == expert_dtype
+    ids = prompt(140, seed=3)
+    with torch.no_grad():
+        err = rel_err(ours(ids, positions(ids)), ref(ids).logits)
+    print(f"\ndeepseek_v4 {variant}, prompt 140: max relative logits error {err:.2e}")
+    assert err <= 1e-4
+
+
 def test_demo_checkpoint_matches_transformers():
     """The embedded demo (4 indexer heads, top-4) has exact zero-score ties in the indexer; top-k
     breaks them as torch.topk does, like transformers, so even those positions agree."""
