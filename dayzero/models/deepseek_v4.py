@@ -144,10 +144,9 @@ class Indexer(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: dict, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
+    def __init__(self, hidden: int, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
         super().__init__()
         a = layer.attention
-        hidden = int(config["hidden_size"])
         self.heads, self.head_dim, self.window = a.num_heads, a.head_dim, a.sliding_window
         self.kind, self.ratio = a.kind, a.compress_ratio
         self.wq_a = linear(hidden, a.q_lora_rank)
@@ -158,7 +157,8 @@ class Attention(nn.Module):
         self.wo_a = linear(a.num_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank, cls=GroupedLinear, groups=a.o_groups)
         self.wo_b = linear(a.o_groups * a.o_lora_rank, hidden)
         self.attn_sink = empty_param((a.num_heads,), torch.float32, device)
-        self.eps = eps
+        self.eps = eps  # queries get a weightless RMSNorm per head
+        self.register_buffer("unit_weight", torch.ones(a.head_dim, dtype=dtype, device=device), persistent=False)
         if a.kind in ("csa", "hca"):
             self.compressor = Compressor(hidden, a.head_dim, a.compress_ratio, a.kind == "csa", eps, dtype, device)
         if a.kind == "csa":
@@ -169,7 +169,7 @@ class Attention(nn.Module):
         cos, sin = rope.cos_sin(positions)
         q_latent = self.q_norm(self.wq_a(x))
         q = self.wq_b(q_latent).unflatten(-1, (self.heads, self.head_dim))
-        q = rope_tail(ops.rms_norm(q, torch.ones_like(q[0, 0, 0]), self.eps), cos, sin)
+        q = rope_tail(ops.rms_norm(q, self.unit_weight, self.eps), cos, sin)
         kv = rope_tail(self.kv_norm(self.wkv(x)), cos, sin)
         keys = torch.cat([state["window"], kv], dim=1) if "window" in state else kv
         state["window"] = keys[:, max(keys.shape[1] - self.window + 1, 0):]  # the last window - 1 keys
@@ -289,7 +289,7 @@ class MoE(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: ModelSpec, config: dict, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
+    def __init__(self, spec: ModelSpec, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
         super().__init__()
         hidden, n = spec.hidden_size, spec.cross_layer.hc_mult
         self.attn_norm = RMSNorm(hidden, eps, dtype=dtype, device=device)
@@ -298,7 +298,7 @@ class Block(nn.Module):
             setattr(self, f"hc_{site}_fn", empty_param(((2 + n) * n, n * hidden), torch.float32, device))
             setattr(self, f"hc_{site}_base", empty_param(((2 + n) * n,), torch.float32, device))
             setattr(self, f"hc_{site}_scale", empty_param((3,), torch.float32, device))
-        self.attn = Attention(config, layer, linear, eps, dtype, device)
+        self.attn = Attention(hidden, layer, linear, eps, dtype, device)
         self.ffn = MoE(spec, layer, linear, dtype, device)
 
     def forward(self, streams, token_ids, positions, rope: Rope, state: dict, hc: tuple[int, float, float]):
@@ -372,7 +372,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         cross = spec.cross_layer
         self.hc = (cross.hc_sinkhorn_iters, cross.hc_eps, eps)
         self.embed = Embedding(spec.vocab_size, hidden, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(Block(spec, config, layer, linear, eps, dtype, device) for layer in spec.layers)
+        self.layers = nn.ModuleList(Block(spec, layer, linear, eps, dtype, device) for layer in spec.layers)
         self.norm = RMSNorm(hidden, eps, dtype=dtype, device=device)
         self.head = Linear(hidden, spec.vocab_size, dtype=dtype, device=device)
         n = cross.hc_mult
