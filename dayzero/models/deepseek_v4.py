@@ -33,10 +33,7 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import Rope, rope_from_config
-from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_indexer, v4_topk_select
-from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
-from dayzero.ops.routing_v4 import route_hash, route_sqrtsoftplus
 from dayzero.spec import LayerSpec, ModelSpec, UnsupportedModelError
 from dayzero.weights import TensorSpec
 
@@ -112,7 +109,7 @@ class Compressor(nn.Module):
         state[key + "pending_kv"], state[key + "pending_gate"] = kv[:, usable:], gate[:, usable:]
         entries = state.get(key + "entries", kv.new_zeros((kv.shape[0], 0, self.dim)))
         if usable:
-            new = kv_compressor(kv[:, :usable], gate[:, :usable], self.ape, self.norm.weight, self.eps, self.overlap,
+            new = ops.kv_compressor(kv[:, :usable], gate[:, :usable], self.ape, self.norm.weight, self.eps, self.overlap,
                                 state.get(key + "prev_kv"), state.get(key + "prev_gate"))
             if self.overlap:
                 state[key + "prev_kv"] = kv[:, usable - self.ratio:usable]
@@ -139,8 +136,8 @@ class Indexer(nn.Module):
     def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict) -> torch.Tensor:
         keys = self.compressor(x, rope, state, "index_")
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
-        scores = v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio)
-        return v4_topk_select(scores, self.topk)
+        scores = ops.v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio)
+        return ops.v4_topk_select(scores, self.topk)
 
 
 class Attention(nn.Module):
@@ -179,7 +176,7 @@ class Attention(nn.Module):
             compressed = self.compressor(x, rope, state, "comp_")
         if self.kind == "csa":
             indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
-        out = sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
+        out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
                                positions, self.ratio)
         out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
         return self.wo_b(self.wo_a(out.unflatten(2, (self.wo_a.groups, -1)).flatten(3)))
@@ -210,8 +207,8 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
         logits = ops.linear(x, self.weight)
         if self.hashed:
-            return route_hash(logits, token_ids, self.tid2eid, scaling)
-        return route_sqrtsoftplus(logits, self.bias, self.top_k, scaling)
+            return ops.route_hash(logits, token_ids, self.tid2eid, scaling)
+        return ops.route_sqrtsoftplus(logits, self.bias, self.top_k, scaling)
 
 
 class RoutedExperts(nn.Module):
@@ -302,10 +299,10 @@ class Block(nn.Module):
         self.ffn = MoE(spec, layer, linear, dtype, device)
 
     def forward(self, streams, token_ids, positions, rope: Rope, state: dict, hc: tuple[int, float, float]):
-        x, post, comb = hyper_connection(streams, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, *hc)
-        streams = hyper_connection_post(self.attn(self.attn_norm(x), positions, rope, state), streams, post, comb)
-        x, post, comb = hyper_connection(streams, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, *hc)
-        return hyper_connection_post(self.ffn(self.ffn_norm(x), token_ids), streams, post, comb)
+        x, post, comb = ops.hyper_connection(streams, self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale, *hc)
+        streams = ops.hyper_connection_post(self.attn(self.attn_norm(x), positions, rope, state), streams, post, comb)
+        x, post, comb = ops.hyper_connection(streams, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale, *hc)
+        return ops.hyper_connection_post(self.ffn(self.ffn_norm(x), token_ids), streams, post, comb)
 
 
 def _check_supported(spec: ModelSpec, config: dict) -> None:
@@ -389,7 +386,7 @@ class DeepseekV4ForCausalLM(CausalLM):
             rope = self.rope_main if block.attn.kind == "swa" else self.rope_compress
             state = cache.layers[i] if cache is not None else {}
             streams = block(streams, input_ids, positions, rope, state, self.hc)
-        x = hyper_connection(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, *self.hc)[0]
+        x = ops.hyper_connection(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, *self.hc)[0]
         if cache is not None:
             cache.length += input_ids.shape[1]
         return self.head(self.norm(x)).float()
