@@ -11,6 +11,7 @@ the tolerance, or whose token differs, is the first divergence.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,10 +65,22 @@ def load_dayzero(path: str | Path, dtype: torch.dtype, device: str):
     return load_model(path, dtype=dtype, device=device, progress=False)
 
 
-def load_reference(path: str | Path, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM
+# model_types that transformers does not know under their own name, and the type it implements them as
+# (Kimi-K2 checkpoints say kimi_k2 and ship remote code; the architecture is DeepSeek-V3's)
+REFERENCE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+def load_reference(path: str | Path, dtype: torch.dtype, device: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = json.loads((Path(path) / "config.json").read_text())
+    alias = REFERENCE_ALIASES.get(config.get("model_type"))
+    if alias is None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        config.pop("auto_map", None)
+        reference_config = AutoConfig.for_model(alias, **{k: v for k, v in config.items() if k != "model_type"})
+        model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype)
     return model.to(device).eval()
 
 

@@ -84,3 +84,29 @@ def test_a_decode_only_bug_is_named_by_its_step(gpt_oss_dir, capsys, monkeypatch
 def test_verify_rejects_bad_arguments(gpt_oss_dir, capsys):
     assert main(["verify", str(gpt_oss_dir), "--prompt-len", "0"]) == 2
     assert "--prompt-len must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v32", "deepseek_v4"])
+def test_verify_passes_on_every_deepseek_family(family, tmp_path, capsys):
+    from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
+    from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+
+    if family == "deepseek_v32":
+        path, prompt_len = build_deepseek_v32_checkpoint(tmp_path), "20"  # past index_topk (8): sparse path
+    elif family == "deepseek_v4":
+        path, prompt_len = build_deepseek_v4_checkpoint(tmp_path), "40"  # past the window and a few CSA entries
+    else:
+        path, prompt_len = build_deepseek_v3_checkpoint(tmp_path, model_type=family), "12"
+    rc = main(["verify", str(path), "--json", "--prompt-len", prompt_len, "--decode-steps", "3"])
+    out, err = capsys.readouterr()
+    result = json.loads(out)
+    assert rc == 0, err
+    assert result["model_type"] == family
+    assert result["tokens_match"] and result["max_rel_err"] <= 1e-4
+
+
+def test_verify_runs_on_the_demo_checkpoint_by_default(capsys):
+    rc = main(["verify", "--prompt-len", "16", "--decode-steps", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "deepseek_v4" in out and "PASSED" in out

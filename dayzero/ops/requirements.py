@@ -29,6 +29,8 @@ TOPK_SELECT = "topk_select"
 SPARSE_MLA_ATTENTION = "sparse_mla_attention"
 KV_COMPRESSOR = "kv_compressor"  # DeepSeek-V4 CSA/HCA compression of ratio-token windows
 SPARSE_ATTENTION = "sparse_attention"  # DeepSeek-V4: window + selected compressed entries, with sinks
+V4_INDEXER = "v4_indexer"  # DeepSeek-V4 indexer scores over compressed entries (visibility by window)
+V4_TOPK_SELECT = "v4_topk_select"
 SHORT_CONV1D = "short_conv1d"
 KDA_CHUNK = "kda_chunk"  # prefill
 KDA_RECURRENT = "kda_recurrent"  # decode
@@ -45,7 +47,8 @@ SWIGLU = "swiglu"
 SWIGLU_CLAMPED = "swiglu_clamped"  # gpt-oss
 SITU = "situ"
 # cross-layer
-HYPER_CONNECTION = "hyper_connection"
+HYPER_CONNECTION = "hyper_connection"  # mix the streams into a block input (also the final hyper-head)
+HYPER_CONNECTION_POST = "hyper_connection_post"  # write a block's output back into the streams
 ATTENTION_RESIDUAL = "attention_residual"
 # vision
 VISION_ENCODER = "vision_encoder"
@@ -53,10 +56,10 @@ VISION_ENCODER = "vision_encoder"
 ALL_OPS = (
     RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
     MLA_ATTENTION, GQA_ATTENTION, LIGHTNING_INDEXER, TOPK_SELECT, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
-    SPARSE_ATTENTION, SHORT_CONV1D, KDA_CHUNK, KDA_RECURRENT,
+    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_CHUNK, KDA_RECURRENT,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
-    SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, ATTENTION_RESIDUAL, VISION_ENCODER,
+    SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_ENCODER,
 )
 
 _ROUTE_OP = {"softmax": ROUTE_SOFTMAX_TOPK, "sigmoid": ROUTE_SIGMOID_GROUPED, "sqrtsoftplus": ROUTE_SQRTSOFTPLUS}
@@ -83,7 +86,7 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
         if a.kind in ("csa", "hca"):
             ops.append(KV_COMPRESSOR)
         if a.kind == "csa":
-            ops += [LIGHTNING_INDEXER, TOPK_SELECT]
+            ops += [V4_INDEXER, V4_TOPK_SELECT]
         ops.append(SPARSE_ATTENTION)
     elif a.kind in ("swa", "gqa"):
         ops += [ROPE, GQA_ATTENTION]
@@ -112,7 +115,7 @@ def required_ops(layer: LayerSpec) -> list[str]:
     """Canonical ops one decoder layer calls, without duplicates, in call order."""
     ops = _attention_ops(layer) + _mlp_ops(layer)
     if layer.cross_layer == "hyper_connection":
-        ops.append(HYPER_CONNECTION)
+        ops += [HYPER_CONNECTION, HYPER_CONNECTION_POST]
     elif layer.cross_layer == "attention_residual":
         ops.append(ATTENTION_RESIDUAL)
     return list(dict.fromkeys(ops))
