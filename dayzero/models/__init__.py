@@ -42,7 +42,7 @@ def _import_families() -> None:
 
 def model_class(spec: ModelSpec) -> type[CausalLM]:
     _import_families()
-    cls = MODELS.get(spec.text_model_type) or MODELS.get(spec.model_type)
+    cls = MODELS.get(spec.model_type)  # a wrapper (kimi_k25: vision + text) needs its own model file
     if cls is None:
         raise UnsupportedModelError(
             "model_type", spec.model_type, tuple(sorted(MODELS)), spec.source or "config.json",
