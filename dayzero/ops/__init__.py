@@ -20,6 +20,7 @@ from dayzero.ops.attention_mla import mla_attention, sparse_mla_attention
 from dayzero.ops.dsa import lightning_indexer, topk_select
 from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_indexer, v4_topk_select
 from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
+from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, short_conv1d
 from dayzero.ops.k3 import attention_residual, situ
 
 __all__ = [
