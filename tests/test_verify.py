@@ -86,7 +86,7 @@ def test_verify_rejects_bad_arguments(gpt_oss_dir, capsys):
     assert "--prompt-len must be at least 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v32", "deepseek_v4"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v32", "deepseek_v4", "kimi_linear"])
 def test_verify_passes_on_every_deepseek_family(family, tmp_path, capsys):
     from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
     from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
@@ -95,6 +95,10 @@ def test_verify_passes_on_every_deepseek_family(family, tmp_path, capsys):
         path, prompt_len = build_deepseek_v32_checkpoint(tmp_path), "20"  # past index_topk (8): sparse path
     elif family == "deepseek_v4":
         path, prompt_len = build_deepseek_v4_checkpoint(tmp_path), "40"  # past the window and a few CSA entries
+    elif family == "kimi_linear":
+        from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
+
+        path, prompt_len = build_kimi_linear_checkpoint(tmp_path), "70"  # past one KDA chunk (64)
     else:
         path, prompt_len = build_deepseek_v3_checkpoint(tmp_path, model_type=family), "12"
     rc = main(["verify", str(path), "--json", "--prompt-len", prompt_len, "--decode-steps", "3"])

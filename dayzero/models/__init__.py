@@ -18,7 +18,7 @@ from dayzero.models.base import CausalLM, KVCache, WeightTarget
 from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec
 
 # model file (module under dayzero.models) for each family; the module registers its classes on import
-FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss")
+FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear")
 
 MODELS: dict[str, type[CausalLM]] = {}
 
