@@ -30,6 +30,22 @@ Checkpoint (the released names, as transformers also saves them), per layer `mod
     block_sparse_moe.gate.{weight, e_score_correction_bias} (float32), block_sparse_moe.shared_experts.*,
     block_sparse_moe.experts.{j}.{w1 (gate), w3 (up), w2 (down)}.weight, stacked at load into
     ops/moe.py's canonical w13 [E, 2I, H] / w2 [E, H, I]
+
+Kimi K3 (`kimi_k3` wrapper: `text_config`, tensors under `language_model.`; docs/kimi_k3.md), each
+addition driven by its config field, so that a checkpoint without the field runs as Kimi Linear:
+    attn_res_block_size      Block Attention Residuals: the attention input, the MLP input and the
+                             final norm's input are softmax mixes of the embedding, completed block
+                             sums and the partial block (k3_parts.AttentionResidualState)
+    routed_expert_hidden_size, latent_moe_use_norm   latent MoE: experts run between
+                             routed_expert_down_proj and (routed_expert_norm,) routed_expert_up_proj
+    hidden_act: situ         SiTU in the dense MLP, shared and routed experts
+    mla_use_output_gate      o * sigmoid(g_proj(x)) before the MLA o_proj
+    linear_attn_config.use_full_rank_gate   KDA output gate g_proj(x) instead of g_b_proj(g_a_proj(x))
+    linear_attn_config.gate_lower_bound     g = lower_bound * sigmoid(exp(A_log) (raw + dt_bias))
+                             (A_log ships [head_dim]: H values, then zeros)
+    quantization_config compressed-tensors mxfp4-pack-quantized   routed experts kept packed as
+                             canonical MXFP4 (`experts.{j}.{w}.weight_packed` / `weight_scale`)
+The vision tower, the projector and MTP layers of a K3 checkpoint are not loaded (text prompts).
 """
 
 from __future__ import annotations
@@ -38,11 +54,16 @@ import torch
 from torch import nn
 
 from dayzero import ops
+from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, copy_target, empty_param
+from dayzero.models.base import CausalLM, KVCache, WeightTarget, collect_weight_targets, copy_target, empty_param
+from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
+                                     MLAOutputGate)
 from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.ops.k3 import SituActivation
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.spec import AttentionSpec, ModelSpec, UnsupportedModelError
+from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec, UnsupportedModelError
+from dayzero.weights import FLOAT_DTYPES, TensorSpec
 
 KDA_CHUNK_SIZE = 64  # tokens per chunk of kda_chunk (FLA's chunk_kda)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
@@ -84,11 +105,32 @@ class DeltaAttention(nn.Module):
         self.f_a_proj = Linear(hidden, d, dtype=dtype, device=device)
         self.f_b_proj = Linear(d, width, dtype=dtype, device=device)
         self.b_proj = Linear(hidden, h, dtype=dtype, device=device)
-        self.g_a_proj = Linear(hidden, d, dtype=dtype, device=device)
-        self.g_b_proj = Linear(d, width, dtype=dtype, device=device)
+        self.full_rank_gate = attn.output_gate == "full_rank"
+        if self.full_rank_gate:  # K3 `use_full_rank_gate`
+            self.g_proj = Linear(hidden, width, dtype=dtype, device=device)
+        else:
+            self.g_a_proj = Linear(hidden, d, dtype=dtype, device=device)
+            self.g_b_proj = Linear(d, width, dtype=dtype, device=device)
         self.o_norm = nn.Module()
         self.o_norm.weight = empty_param((d,), dtype, device)
         self.o_proj = Linear(width, hidden, dtype=dtype, device=device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """As named, except A_log: Kimi Linear ships [1, 1, H, 1]; K3 ships [head_dim], H values then
+        zeros. Both load into A_log's H values; any other shape or a non-zero tail is refused."""
+        targets = collect_weight_targets(self, prefix)
+        heads, a_log = self.heads, self.A_log
+
+        def assign(t: torch.Tensor) -> None:
+            flat = t.reshape(-1)
+            if flat.numel() < heads or bool(flat[heads:].ne(0).any()):
+                raise ValueError(f"{prefix}A_log: expected {heads} per-head values (then only zero padding), "
+                                 f"got shape {tuple(t.shape)}")
+            with torch.no_grad():
+                a_log.copy_(flat[:heads].view(a_log.shape))
+
+        targets[prefix + "A_log"] = WeightTarget(TensorSpec(None, FLOAT_DTYPES), assign)
+        return targets
 
     def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
         b, t, _ = x.shape
@@ -106,7 +148,7 @@ class DeltaAttention(nn.Module):
             o, state = ops.kda_chunk(q, k, v, g, beta, state, chunk_size=KDA_CHUNK_SIZE)
         if layer_cache is not None:
             layer_cache["recurrent"] = state
-        gate = self.g_b_proj(self.g_a_proj(x)).view(heads)
+        gate = (self.g_proj(x) if self.full_rank_gate else self.g_b_proj(self.g_a_proj(x))).view(heads)
         out = ops.gated_rms_norm(o, gate, self.o_norm.weight, self.eps)
         return self.o_proj(out.reshape(b, t, -1))
 
@@ -139,6 +181,10 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, device)
         self.kv_b_proj = Linear(self.rank, h * (self.nope + self.v_dim), dtype=dtype, device=device)
         self.o_proj = Linear(h * self.v_dim, hidden, bias=attn.bias, dtype=dtype, device=device)
+        if attn.output_gate == "sigmoid":  # K3 `mla_use_output_gate`: o * sigmoid(g_proj(x)) before o_proj
+            self.g_proj = MLAOutputGate(hidden, h * self.v_dim, bias=attn.bias, dtype=dtype, device=device)
+        else:
+            self.g_proj = None
         self.scale = qk_dim**-0.5
 
     def post_load(self) -> None:
@@ -155,20 +201,38 @@ class MLAttention(nn.Module):
         latent = _append(layer_cache, "kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
         k_pe = _append(layer_cache, "k_pe", kv[..., self.rank:])  # NoPE: the shared key dims stay unrotated
         out = ops.mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv, self.scale)
-        return self.o_proj(out.reshape(b, t, -1))
+        out = out.reshape(b, t, -1)
+        if self.g_proj is not None:
+            out = self.g_proj(out, x)
+        return self.o_proj(out)
+
+
+def _gated(activation: ActivationSpec, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if activation.kind == "situ":
+        return ops.situ(gate, up, activation.beta, activation.linear_beta)
+    return ops.swiglu(gate, up)
+
+
+def _expert_activation(activation: ActivationSpec) -> Activation:
+    """The activation object the routed-expert ops apply between their two projections."""
+    if activation.kind == "situ":
+        return SituActivation(beta=activation.beta, linear_beta=activation.linear_beta)
+    return Activation("swiglu")
 
 
 class MLP(nn.Module):
-    """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)); the dense MLP and the shared experts."""
+    """down_proj(act(gate_proj(x), up_proj(x))), act SwiGLU (or K3's SiTU); the dense MLP and the
+    shared experts."""
 
-    def __init__(self, hidden: int, inter: int, dtype, device):
+    def __init__(self, hidden: int, inter: int, activation: ActivationSpec, dtype, device):
         super().__init__()
+        self.activation = activation
         self.gate_proj = Linear(hidden, inter, dtype=dtype, device=device)
         self.up_proj = Linear(hidden, inter, dtype=dtype, device=device)
         self.down_proj = Linear(inter, hidden, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
 
 
 class Router(nn.Module):
@@ -181,14 +245,15 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """Routed experts stacked in ops/moe.py's canonical layout, filled from the per-expert tensors
-    `{j}.w1.weight` (gate) -> w13[j, :I], `{j}.w3.weight` (up) -> w13[j, I:], `{j}.w2.weight` -> w2[j]."""
+    """Unquantized routed experts stacked in ops/moe.py's canonical layout, filled from the per-expert
+    tensors `{j}.w1.weight` (gate) -> w13[j, :I], `{j}.w3.weight` (up) -> w13[j, I:], `{j}.w2.weight`
+    -> w2[j]. dim: the width they read and write (hidden, or the latent width of a latent MoE)."""
 
-    def __init__(self, num: int, hidden: int, inter: int, dtype, device):
+    def __init__(self, num: int, inter: int, dim: int, dtype, device):
         super().__init__()
         self.num, self.inter = num, inter
-        self.w13 = empty_param((num, 2 * inter, hidden), dtype, device)
-        self.w2 = empty_param((num, hidden, inter), dtype, device)
+        self.w13 = empty_param((num, 2 * inter, dim), dtype, device)
+        self.w2 = empty_param((num, dim, inter), dtype, device)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         targets = {}
@@ -199,18 +264,33 @@ class Experts(nn.Module):
                 targets[name] = copy_target(view, name)
         return targets
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return ops.moe_experts_bf16(x, ids, weights, ExpertWeights("bf16", self.w13, self.w2), Activation("swiglu"))
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, activation: Activation) -> torch.Tensor:
+        return ops.moe_experts_bf16(x, ids, weights, ExpertWeights("bf16", self.w13, self.w2), activation)
 
 
 class MoE(nn.Module):
-    def __init__(self, spec: ModelSpec, dtype, device):
+    """Shared experts + routed experts routed on x. Routed experts bf16 (`Experts`) or compressed-tensors
+    MXFP4 kept packed (K3); with `routed_expert_hidden_size` (K3 latent MoE) they run in the latent
+    space between routed_expert_down_proj and routed_expert_up_proj (`LatentMoE`, mounted as
+    `routed` but loading its tensors under this module's names)."""
+
+    def __init__(self, spec: ModelSpec, activation: ActivationSpec, eps: float, dtype, device):
         super().__init__()
         e = spec.experts
         self.routing = e.routing
+        self.activation = _expert_activation(activation)
         self.gate = Router(e.num, spec.hidden_size, device)
-        self.experts = Experts(e.num, spec.hidden_size, e.intermediate_size, dtype, device)
-        self.shared_experts = MLP(spec.hidden_size, e.shared_intermediate_size, dtype, device)
+        dim = e.latent_dim or spec.hidden_size
+        if e.format == "mxfp4":
+            experts = CompressedTensorsMxfp4Experts(e.num, e.intermediate_size, dim, device=device)
+        else:
+            experts = Experts(e.num, e.intermediate_size, dim, dtype, device)
+        if e.latent_dim:
+            self.routed = LatentMoE(spec.hidden_size, e.latent_dim, experts, self.activation, use_norm=e.latent_norm,
+                                    eps=eps, dtype=dtype, device=device)
+        else:
+            self.experts = experts
+        self.shared_experts = MLP(spec.hidden_size, e.shared_intermediate_size, activation, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -219,15 +299,24 @@ class MoE(nn.Module):
         logits = ops.linear(x.float(), self.gate.weight)
         ids, weights = ops.route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, r.top_k, r.n_group,
                                                  r.topk_group, r.normalize, r.scaling_factor)
-        y = self.experts(x, ids, weights) + self.shared_experts(x)
-        return y.view(shape)
+        if hasattr(self, "routed"):
+            y = self.routed(x, ids, weights)
+        else:
+            y = self.experts(x, ids, weights, self.activation)
+        return (y + self.shared_experts(x)).view(shape)
 
 
 class DecoderLayer(nn.Module):
+    """attend: self_attn(input_layernorm(x)); feed_forward: MLP(post_attention_layernorm(h)). Plain
+    residuals in `forward`; with K3's attention residuals the model mixes the sublayer inputs."""
+
     def __init__(self, spec: ModelSpec, index: int, eps: float, dtype, device):
         super().__init__()
         layer = spec.layers[index]
         hidden = spec.hidden_size
+        if layer.cross_layer == "attention_residual":
+            self.self_attention_res = AttentionResidual(hidden, eps, dtype, device)
+            self.mlp_res = AttentionResidual(hidden, eps, dtype, device)
         self.input_layernorm = RMSNorm(hidden, eps, dtype, device)
         if layer.attention.kind == "kda":
             self.self_attn = DeltaAttention(layer.attention, hidden, eps, dtype, device)
@@ -236,32 +325,44 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps, dtype, device)
         self.moe = layer.mlp.kind == "moe"
         if self.moe:
-            self.block_sparse_moe = MoE(spec, dtype, device)
+            self.block_sparse_moe = MoE(spec, layer.mlp.activation, eps, dtype, device)
         else:
-            self.mlp = MLP(hidden, layer.mlp.intermediate_size, dtype, device)
+            self.mlp = MLP(hidden, layer.mlp.intermediate_size, layer.mlp.activation, dtype, device)
+
+    def attend(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
+        return self.self_attn(self.input_layernorm(x), layer_cache)
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return (self.block_sparse_moe if self.moe else self.mlp)(self.post_attention_layernorm(h))
 
     def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), layer_cache)
-        mlp = self.block_sparse_moe if self.moe else self.mlp
-        return h + mlp(self.post_attention_layernorm(h))
+        h = x + self.attend(x, layer_cache)
+        return h + self.feed_forward(h)
 
 
 def _check_config(spec: ModelSpec, config: dict) -> None:
-    """Raise UnsupportedModelError for a config value this file does not compute as transformers does."""
+    """Raise UnsupportedModelError for a config value this file does not compute as transformers does
+    (or, for K3's additions, as the published modeling code does)."""
     if config.get("mla_use_nope") is not True:
         # transformers' kimi_linear never rotates; the released remote code rotates when this is false
         raise _unsupported(config, "mla_use_nope", config.get("mla_use_nope"), (True,))
     if config.get("moe_router_activation_func", "sigmoid") != "sigmoid":
         raise _unsupported(config, "moe_router_activation_func", config["moe_router_activation_func"], ("sigmoid",))
-    if config.get("hidden_act", "silu") != "silu":
-        raise _unsupported(config, "hidden_act", config["hidden_act"], ("silu",))
     heads = config.get("num_attention_heads")
     if (config.get("num_key_value_heads") or heads) != heads:
         raise _unsupported(config, "num_key_value_heads", config["num_key_value_heads"], (heads,))
-    if spec.quant.dense_format != "bf16" or spec.quant.method is not None:
-        raise _unsupported(config, "quantization_config.quant_method", spec.quant.method, (None,))
+    q = spec.quant
+    if q.dense_format != "bf16" or q.method not in (None, "compressed-tensors"):
+        raise _unsupported(config, "quantization_config.quant_method", q.method, (None, "compressed-tensors"))
     e = spec.experts
     if e is not None:
+        if e.format not in ("bf16", "mxfp4"):
+            raise _unsupported(config, "quantization_config.format", e.format,
+                               ("mxfp4-pack-quantized (routed experts)", "unquantized"))
+        if e.format == "mxfp4":
+            for field, value in (("moe_intermediate_size", e.intermediate_size), ("routed_expert_hidden_size", e.input_dim)):
+                if value % mxfp4.BLOCK_SIZE:
+                    raise _unsupported(config, field, value, (f"a multiple of {mxfp4.BLOCK_SIZE} (MXFP4 experts)",))
         if e.num_shared < 1:
             raise _unsupported(config, "num_shared_experts", e.num_shared, (">= 1",))
         if e.num % e.routing.n_group:
@@ -272,18 +373,35 @@ def _check_config(spec: ModelSpec, config: dict) -> None:
 
 @register_model
 class KimiLinearForCausalLM(CausalLM):
-    model_types = ("kimi_linear",)
+    """Kimi Linear, and Kimi K3's text tower (`kimi_k3`: the wrapper's `text_config`, tensors under
+    `language_model.`; the vision tower and MTP layers are not loaded: text prompts only)."""
+
+    model_types = ("kimi_linear", "kimi_k3")
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        _check_config(spec, config)
-        eps = float(config.get("rms_norm_eps", 1e-5))
+        wrapped = spec.model_type == "kimi_k3"
+        text = (config.get("text_config") or {}) if wrapped else config
+        self.checkpoint_prefix = "language_model." if wrapped else ""
+        _check_config(spec, text)
+        eps = float(text.get("rms_norm_eps", 1e-5))
+        self.attn_res_block = spec.cross_layer.attn_res_block_size if spec.cross_layer.kind == "attention_residual" else None
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.model.layers = nn.ModuleList(DecoderLayer(spec, i, eps, dtype, device) for i in range(spec.num_layers))
+        if self.attn_res_block:
+            self.model.output_attn_res = AttentionResidual(spec.hidden_size, eps, dtype, device)
         self.model.norm = RMSNorm(spec.hidden_size, eps, dtype, device)
         if not spec.tie_word_embeddings:
             self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
+
+    def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
+        return collect_weight_targets(self, prefix + self.checkpoint_prefix)
+
+    def ignore_patterns(self) -> tuple[str, ...]:
+        if not self.checkpoint_prefix:
+            return ()
+        return (r"^vision_tower\.", r"^mm_projector\.", r"^language_model\.model\.mtp")
 
     def post_load(self) -> None:
         for layer in self.model.layers:
@@ -294,8 +412,16 @@ class KimiLinearForCausalLM(CausalLM):
         """NoPE model: positions are checked but not used (KDA's recurrence carries order)."""
         self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
         x = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, None if cache is None else cache.layers[i])
+        caches = [None] * len(self.model.layers) if cache is None else cache.layers
+        if self.attn_res_block is None:
+            for layer, layer_cache in zip(self.model.layers, caches):
+                x = layer(x, layer_cache)
+        else:  # Block Attention Residuals: token-local, nothing of it is cached (k3_parts.AttentionResidualState)
+            state = AttentionResidualState(x, self.attn_res_block)
+            for i, (layer, layer_cache) in enumerate(zip(self.model.layers, caches)):
+                state.add(layer.attend(state.attention_input(layer.self_attention_res, i), layer_cache))
+                state.add(layer.feed_forward(state.mlp_input(layer.mlp_res)))
+            x = state.output(self.model.output_attn_res)
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
         logits = ops.linear(x, head).float()
