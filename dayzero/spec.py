@@ -447,8 +447,10 @@ def _activation(cfg: dict, source: str, *, field_name: str = "hidden_act") -> Ac
     if act == "silu":
         return ActivationSpec("swiglu")
     if act == "situ":
-        return ActivationSpec("situ", beta=float(cfg.get("activation_situ_beta", 4.0)),
-                              linear_beta=float(cfg.get("activation_situ_linear_beta", 25.0)))
+        # defaults as the published modeling code's: beta 1, no cap on the up branch (K3's config sets 4 and 25)
+        linear_beta = cfg.get("activation_situ_linear_beta")
+        return ActivationSpec("situ", beta=float(cfg.get("activation_situ_beta", 1.0)),
+                              linear_beta=None if linear_beta is None else float(linear_beta))
     raise UnsupportedModelError(field_name, act, ("silu", "situ"), source)
 
 
