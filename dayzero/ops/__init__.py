@@ -22,42 +22,8 @@ from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_indexer
 from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, short_conv1d
 from dayzero.ops.k3 import attention_residual, situ
+import dayzero.kernels  # noqa: E402,F401  (registers the Triton kernels; imports Triton only at their first call)
 
-__all__ = [
-    "REGISTRY",
-    "Registry",
-    "backends_for",
-    "coverage_table",
-    "reference_op",
-    "layer_norm",
-    "rms_norm",
-    "rope",
-    "swiglu",
-    "swiglu_clamped",
-    "embedding",
-    "linear",
-    "linear_fp8_block",
-    "linear_mxfp4",
-    "Activation",
-    "ExpertWeights",
-    "moe_experts_bf16",
-    "moe_experts_fp8",
-    "moe_experts_mxfp4",
-    "mxfp4_dequantize",
-    "mxfp4_to_fp8",
-    "route_softmax_topk",
-    "route_sigmoid_grouped",
-    "route_hash",
-    "route_sqrtsoftplus",
-    "gqa_attention",
-    "mla_attention",
-    "sparse_mla_attention",
-    "lightning_indexer",
-    "topk_select",
-    "kv_compressor",
-    "sparse_attention",
-    "v4_indexer",
-    "v4_topk_select",
-    "hyper_connection",
-    "hyper_connection_post",
-]
+# every op is importable under its registry name: `from dayzero.ops import kda_chunk`
+__all__ = ["REGISTRY", "Registry", "backends_for", "coverage_table", "reference_op", "Activation", "ExpertWeights",
+           *REGISTRY.names()]

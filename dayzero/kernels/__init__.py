@@ -1,0 +1,52 @@
+"""Triton kernels for the operator library, registered beside the reference ops for CUDA.
+
+Importing this package registers the kernels without importing Triton (that happens at the first
+call, so TRITON_INTERPRET can still be set by a test session first); a kernel is available where
+Triton is installed and a CUDA device exists. Each kernel declines (through `supports`) any call it
+does not handle, which then falls to the reference. See docs/kernels.md.
+
+    moe_dispatch  tokens sorted by expert, padded to the GEMM's BLOCK_M; the final k-slot reduction
+    moe_gemm      grouped GEMM, MXFP4 (upcast in registers) or bf16 weights, fused SwiGLU/bias/router weight
+    moe_mxfp4     moe_experts_mxfp4 "triton" (path A)
+    moe_bf16      moe_experts_bf16 "triton" (path C)
+    moe_checks    the argument checks (plain PyTorch) and the `supports` predicates
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+import torch
+
+from dayzero.kernels.moe_checks import supports_bf16, supports_mxfp4
+from dayzero.ops.registry import REGISTRY
+
+TRITON_PRIORITY = 10
+
+
+@functools.cache
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_cuda_available() -> bool:
+    return triton_installed() and torch.cuda.is_available()
+
+
+def moe_experts_mxfp4(*args, **kwargs):
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4 as kernel
+
+    return kernel(*args, **kwargs)
+
+
+def moe_experts_bf16(*args, **kwargs):
+    from dayzero.kernels.moe_bf16 import moe_experts_bf16 as kernel
+
+    return kernel(*args, **kwargs)
+
+
+REGISTRY.register_kernel("moe_experts_mxfp4", moe_experts_mxfp4, backend="triton", devices=["cuda"],
+                         priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_mxfp4)
+REGISTRY.register_kernel("moe_experts_bf16", moe_experts_bf16, backend="triton", devices=["cuda"],
+                         priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_bf16)

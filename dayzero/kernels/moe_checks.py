@@ -1,0 +1,110 @@
+"""Argument checks of the Triton expert ops, in plain PyTorch (importable without Triton): each
+raises ValueError naming the argument a kernel cannot take, instead of letting it read out of bounds.
+The registry's `supports` predicates run the same checks and decline instead of raising."""
+
+from __future__ import annotations
+
+import torch
+
+from dayzero.ops.moe import Activation, ExpertWeights
+
+
+def check_routing_args(op: str, x, topk_ids, topk_weights, experts, activation) -> None:
+    """Checks shared by the Triton expert ops; ValueError naming the argument."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_contiguous():
+        raise ValueError(f"{op}: x must be a contiguous bf16 [tokens, hidden] tensor, got "
+                         f"{getattr(x, 'dtype', type(x))} {tuple(getattr(x, 'shape', ()))}")
+    T = x.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != T or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{op}: topk_ids must be int32/int64 [tokens={T}, top_k], got {topk_ids.dtype} "
+                         f"{tuple(topk_ids.shape)}")
+    if topk_weights.shape != topk_ids.shape or not topk_weights.dtype.is_floating_point:
+        raise ValueError(f"{op}: topk_weights must be a float tensor shaped like topk_ids {tuple(topk_ids.shape)}, "
+                         f"got {topk_weights.dtype} {tuple(topk_weights.shape)}")
+    for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
+    if activation.kind == "swiglu_clamped":
+        if activation.alpha is None or activation.limit is None:
+            raise ValueError(f"{op}: activation swiglu_clamped needs alpha and limit, got {activation}")
+    elif activation.kind != "swiglu":
+        raise ValueError(f"{op}: unknown activation {activation.kind!r}; supported: swiglu, swiglu_clamped")
+
+
+def check_tensor(op: str, name: str, t, shape: tuple, dtypes: tuple, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a tensor {shape}, got {type(t).__name__}")
+    if tuple(t.shape) != tuple(shape) or t.dtype not in dtypes:
+        want = "/".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise ValueError(f"{op}: {name} must be {want} {tuple(shape)}, got {t.dtype} {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device}, x on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{op}: {name} {tuple(t.shape)} must be contiguous (call .contiguous() at load)")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{op}: {name} must start on a 16-byte boundary (data_ptr {t.data_ptr():#x})")
+
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_biases(op: str, experts, num_experts: int, inter: int, hidden: int, device: torch.device) -> None:
+    if experts.b13 is not None:
+        check_tensor(op, "experts.b13", experts.b13, (num_experts, 2 * inter), FLOAT_DTYPES, device)
+    if experts.b2 is not None:
+        check_tensor(op, "experts.b2", experts.b2, (num_experts, hidden), FLOAT_DTYPES, device)
+
+
+def check_mxfp4_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation: Activation) -> None:
+    """moe_experts_mxfp4 (path A): canonical MXFP4 w13 [E, 2I, H/32, 16] / w2 [E, H, I/32, 16], uint8
+    (or float8_e8m0fnu) scales [E, N, K/32], hidden and intermediate multiples of 32."""
+    op = "moe_experts_mxfp4[triton]"
+    check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
+    if experts.format != "mxfp4":
+        raise ValueError(f"{op}: experts.format must be 'mxfp4', got {experts.format!r}")
+    w13 = experts.w13
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 4:
+        raise ValueError(f"{op}: experts.w13 must be uint8 [E, 2I, H/32, 16], got {getattr(w13, 'shape', w13)}")
+    E, n13, H = w13.shape[0], w13.shape[1], x.shape[1]
+    if H % 32 or n13 % 64:
+        raise ValueError(f"{op}: hidden ({H}) and intermediate ({n13 / 2:g}) must be multiples of 32 (MXFP4 blocks)")
+    inter = n13 // 2
+    scale_dtypes = (torch.uint8, torch.float8_e8m0fnu)
+    check_tensor(op, "experts.w13", w13, (E, 2 * inter, H // 32, 16), (torch.uint8,), x.device)
+    check_tensor(op, "experts.w13_scale", experts.w13_scale, (E, 2 * inter, H // 32), scale_dtypes, x.device)
+    check_tensor(op, "experts.w2", experts.w2, (E, H, inter // 32, 16), (torch.uint8,), x.device)
+    check_tensor(op, "experts.w2_scale", experts.w2_scale, (E, H, inter // 32), scale_dtypes, x.device)
+    check_biases(op, experts, E, inter, H, x.device)
+
+
+def check_bf16_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation: Activation) -> None:
+    """moe_experts_bf16 (path C): bf16 w13 [E, 2I, H] / w2 [E, H, I]."""
+    op = "moe_experts_bf16[triton]"
+    check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
+    if experts.format != "bf16":
+        raise ValueError(f"{op}: experts.format must be 'bf16', got {experts.format!r}")
+    w13 = experts.w13
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2:
+        raise ValueError(f"{op}: experts.w13 must be bf16 [E, 2I, H], got {getattr(w13, 'shape', w13)}")
+    E, inter, H = w13.shape[0], w13.shape[1] // 2, x.shape[1]
+    check_tensor(op, "experts.w13", w13, (E, 2 * inter, H), (torch.bfloat16,), x.device)
+    check_tensor(op, "experts.w2", experts.w2, (E, H, inter), (torch.bfloat16,), x.device)
+    check_biases(op, experts, E, inter, H, x.device)
+
+
+def _supports(check):
+    def supports(x, topk_ids, topk_weights, experts, activation) -> bool:
+        if not isinstance(x, torch.Tensor) or not x.is_cuda:
+            return False
+        try:
+            check(x, topk_ids, topk_weights, experts, activation)
+        except ValueError:
+            return False
+        return True
+
+    supports.__doc__ = f"True when {check.__name__} accepts the call and x is on CUDA."
+    return supports
+
+
+supports_mxfp4 = _supports(check_mxfp4_call)
+supports_bf16 = _supports(check_bf16_call)
