@@ -54,15 +54,18 @@ class Op:
     def implementations(self) -> list[Implementation]:
         return sorted(self.kernels, key=lambda k: -k.priority) + [self.reference]
 
-    def select(self, device_type: str, args: tuple = (), kwargs: dict | None = None) -> Implementation:
-        kwargs = kwargs or {}
+    def select(self, device_type: str, args: tuple | None = None, kwargs: dict | None = None) -> Implementation:
+        """The implementation a call with these arguments gets; with args None, ignoring the
+        kernels' per-call `supports` checks (what a call their checks accept would get)."""
+        check_call = args is not None
+        args, kwargs = args or (), kwargs or {}
         forced = self.registry.forced_backend() if self.registry else None
         for impl in self.implementations():
             if forced is not None and impl.backend != forced:
                 continue
             if not impl.runs_on(device_type) or not impl.available():
                 continue
-            if impl.supports is not None and not impl.supports(*args, **kwargs):
+            if check_call and impl.supports is not None and not impl.supports(*args, **kwargs):
                 continue
             return impl
         if forced is not None:
@@ -79,8 +82,9 @@ class Op:
         if registry is None or not registry._recorders:
             return impl.fn(*args, **kwargs)
         if registry._depth == 0:
-            for calls in registry._recorders:
-                calls[self.name] = calls.get(self.name, 0) + 1
+            for calls, by_backend in registry._recorders:
+                key = f"{self.name}@{impl.backend}" if by_backend else self.name
+                calls[key] = calls.get(key, 0) + 1
         registry._depth += 1
         try:
             return impl.fn(*args, **kwargs)
@@ -101,7 +105,7 @@ class Registry:
     def __init__(self) -> None:
         self._ops: dict[str, Op] = {}
         self._forced: list[str] = []
-        self._recorders: list[dict[str, int]] = []
+        self._recorders: list[tuple[dict[str, int], bool]] = []
         self._depth = 0
 
     # -- definition -------------------------------------------------------------------------
@@ -173,15 +177,17 @@ class Registry:
             self._forced.pop()
 
     @contextlib.contextmanager
-    def record_calls(self) -> Iterator[dict[str, int]]:
+    def record_calls(self, by_backend: bool = False) -> Iterator[dict[str, int]]:
         """Count the ops called from outside any op (what a model calls directly, not the ops a
-        reference implementation calls inside): {op name: calls}, filled while the block runs."""
+        reference implementation calls inside): {op name: calls}, or {"op@backend": calls} with
+        by_backend, filled while the block runs."""
         calls: dict[str, int] = {}
-        self._recorders.append(calls)
+        entry = (calls, by_backend)
+        self._recorders.append(entry)
         try:
             yield calls
         finally:
-            self._recorders.remove(calls)
+            self._recorders.remove(entry)
 
     # -- reporting --------------------------------------------------------------------------
     def coverage(self, names: Iterable[str] | None = None) -> dict[str, dict[str, str]]:

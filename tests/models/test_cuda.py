@@ -21,11 +21,39 @@ CASES = {  # family: (builder, prompt length past its windows / top-k / chunk si
 }
 
 
-@pytest.mark.parametrize("family", sorted(CASES))
+# transformers keeps FP8 weights quantized on a GPU and then needs the `kernels` package, which fetches
+# its kernels from the Hub: offline it cannot run the FP8 checkpoints there (on CPU it dequantizes).
+FP8_FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4")
+
+
+@pytest.mark.parametrize("family", sorted(set(CASES) - set(FP8_FAMILIES)))
 def test_verify_on_cuda_float32(family, tmp_path):
     builder, prompt_len = CASES[family]
     result = verify_checkpoint(builder(tmp_path), prompt_len=prompt_len, decode_steps=8, device="cuda")
     assert result.passed, result.first_divergence
+
+
+@pytest.mark.parametrize("family", FP8_FAMILIES)
+def test_fp8_models_on_cuda_equal_the_cpu_run(family, tmp_path):
+    """The CPU run of these checkpoints is verified against transformers by the CPU tests; on CUDA the
+    same model (reference ops in float32) must compute the same logits, prefill and decode."""
+    from dayzero.models import load_model
+    from dayzero.spec import load_spec
+    from dayzero.verify import rel_err
+
+    builder, prompt_len = CASES[family]
+    path = builder(tmp_path)
+    ids = torch.randint(0, load_spec(path).vocab_size, (1, prompt_len + 2))
+    outs = {}
+    for device in ("cpu", "cuda"):
+        model = load_model(path, dtype=torch.float32, device=device, progress=False)
+        cache = model.new_cache(1)
+        x = ids.to(device)
+        with torch.no_grad():
+            prefill = model(x[:, :prompt_len], torch.arange(prompt_len, device=device)[None], cache)
+            steps = [model(x[:, p:p + 1], torch.tensor([[p]], device=device), cache) for p in (prompt_len, prompt_len + 1)]
+        outs[device] = torch.cat([prefill] + steps, dim=1).cpu()
+    assert rel_err(outs["cuda"], outs["cpu"]) < 1e-4
 
 
 @pytest.mark.parametrize("family", ["gpt_oss", "deepseek_v4"])
@@ -41,10 +69,9 @@ def test_models_use_the_mxfp4_kernel_in_bfloat16(family, tmp_path):
     ids = torch.randint(0, model.spec.vocab_size, (1, prompt_len), device="cuda")
     positions = torch.arange(prompt_len, device="cuda")[None]
     with torch.no_grad():
-        with REGISTRY.record_calls() as calls:
+        with REGISTRY.record_calls(by_backend=True) as calls:
             fast = model(ids, positions)
         with REGISTRY.force_backend("reference"):
             reference = model(ids, positions)
-    assert calls.get("moe_experts_mxfp4")
-    assert REGISTRY.selected_backend("moe_experts_mxfp4", "cuda") == "triton"
+    assert calls.get("moe_experts_mxfp4@triton"), calls
     assert rel_err(fast, reference) < 5e-2

@@ -90,3 +90,12 @@ def test_record_calls_counts_outermost_ops_only():
     assert calls == {"outer": 2, "inner": 1}
     outer(torch.ones(1))  # not recorded after the block
     assert calls == {"outer": 2, "inner": 1}
+    with reg.record_calls(by_backend=True) as calls:
+        outer(torch.ones(1))
+    assert calls == {"outer@reference": 1}
+
+
+def test_selected_backend_without_arguments_skips_supports_checks():
+    reg, _ = _registry_with_kernels()
+    assert reg.selected_backend("scale", "cpu") == "picky"  # its supports() needs the call's arguments
+    assert reg.selected_backend("scale", "cuda") == "gpu_only"
