@@ -78,6 +78,16 @@ class KVCache:
         self.length = 0
 
 
+def cache_append(layer_cache: dict | None, name: str, new: torch.Tensor) -> torch.Tensor:
+    """Append this step's entries [B, T, ...] to layer_cache[name] along the token dim and return
+    all entries so far; without a cache (one full forward) just the new ones."""
+    if layer_cache is None:
+        return new
+    full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
+    layer_cache[name] = full
+    return full
+
+
 class CausalLM(nn.Module):
     """Base of every model file. Subclasses set `model_types` and implement `forward`."""
 

@@ -29,7 +29,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, copy_target, empty_param
+from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -69,14 +69,6 @@ def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_weight_blocks(linear.weight, getattr(linear, linear.scale_name), linear.block, dtype=dtype)
     return linear.weight.to(dtype)
 
-
-def _append(layer_cache: dict | None, name: str, new: torch.Tensor) -> torch.Tensor:
-    """Append this step's entries [B, T, ...] to the cached ones along the token dim; returns all."""
-    if layer_cache is None:
-        return new
-    full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
-    layer_cache[name] = full
-    return full
 
 
 class Indexer(nn.Module):
@@ -163,11 +155,11 @@ class MLAttention(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         latent = self.kv_a_layernorm(kv[..., : self.rank])
         k_pe = ops.rope(kv[..., self.rank:].reshape(b * t, self.rope_dim), cos, sin, interleaved=self.interleaved)
-        latent = _append(layer_cache, "kv_latent", latent)
-        k_pe = _append(layer_cache, "k_pe", k_pe.view(b, t, self.rope_dim))
+        latent = cache_append(layer_cache, "kv_latent", latent)
+        k_pe = cache_append(layer_cache, "k_pe", k_pe.view(b, t, self.rope_dim))
 
         if self.indexer is not None:
-            index_keys = _append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
+            index_keys = cache_append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
             if latent.shape[1] > self.indexer.topk:
                 selected = self.indexer.select(x, q_latent, index_keys, cos, sin)
                 out = ops.sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, selected)

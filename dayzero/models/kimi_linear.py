@@ -56,7 +56,8 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, collect_weight_targets, copy_target, empty_param
+from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, collect_weight_targets, copy_target,
+                                  empty_param)
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
 from dayzero.models.layers import Embedding, Linear, RMSNorm
@@ -153,14 +154,6 @@ class DeltaAttention(nn.Module):
         return self.o_proj(out.reshape(b, t, -1))
 
 
-def _append(layer_cache: dict | None, name: str, new: torch.Tensor) -> torch.Tensor:
-    """Append this step's entries [B, T, ...] to the cached ones along the token dim; returns all."""
-    if layer_cache is None:
-        return new
-    full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
-    layer_cache[name] = full
-    return full
-
 
 class MLAttention(nn.Module):
     """NoPE MLA in the absorbed form: w_uk / w_uv split from kv_b_proj at load (`post_load`)."""
@@ -198,8 +191,8 @@ class MLAttention(nn.Module):
         q = self.q_proj(x) if self.q_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(b, t, self.heads, self.nope + self.rope_dim)
         kv = self.kv_a_proj_with_mqa(x)
-        latent = _append(layer_cache, "kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
-        k_pe = _append(layer_cache, "k_pe", kv[..., self.rank:])  # NoPE: the shared key dims stay unrotated
+        latent = cache_append(layer_cache, "kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
+        k_pe = cache_append(layer_cache, "k_pe", kv[..., self.rank:])  # NoPE: the shared key dims stay unrotated
         out = ops.mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv, self.scale)
         out = out.reshape(b, t, -1)
         if self.g_proj is not None:

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dayzero.formats.fp8 import quantize_weight_blocks
+from tests.models.helpers import GENERATE, greedy, positions, random_prompt, rel_err  # noqa: F401  (re-exported)
 
 QUANTIZATION_CONFIG = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
 
@@ -164,31 +165,6 @@ def load_reference(path, dtype: torch.dtype = torch.float32):
 
 # -- helpers shared by the DeepSeek model tests ---------------------------------------------------
 
-GENERATE = 32  # greedy tokens compared against transformers
-
 
 def prompt(batch, length, seed=0):
-    return torch.randint(0, V3_DIMS["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed + length))
-
-
-def positions(ids, start=0):
-    return torch.arange(start, start + ids.shape[1]).expand(ids.shape[0], -1)
-
-
-def rel_err(ours, theirs):
-    return float((ours - theirs).abs().max() / theirs.abs().max())
-
-
-@torch.no_grad()
-def greedy(model, ids, steps):
-    """dayzero: prefill then one-token decode steps with the cache; returns (tokens [B, steps], step logits)."""
-    cache = model.new_cache(ids.shape[0])
-    logits = model(ids, positions(ids), cache)[:, -1]
-    tokens, step_logits = [], [logits]
-    for _ in range(steps - 1):
-        nxt = logits.argmax(-1, keepdim=True)
-        tokens.append(nxt)
-        logits = model(nxt, positions(nxt, cache.length), cache)[:, -1]
-        step_logits.append(logits)
-    tokens.append(logits.argmax(-1, keepdim=True))
-    return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
+    return random_prompt(batch, length, V3_DIMS["vocab_size"], seed + length)

@@ -76,26 +76,6 @@ def load_reference(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
     return model.eval()
 
 
-def rel_err(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    """max |ours - ref| / max |ref|."""
-    return float((ours.float() - ref.float()).abs().max() / ref.float().abs().max())
-
-
-def greedy(model, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """dayzero: prefill then one-token decode steps with the cache -> (tokens [B, steps], logits [B, steps, vocab])."""
-    cache = model.new_cache(ids.shape[0])
-    batch, length = ids.shape
-    logits = model(ids, torch.arange(length).expand(batch, -1), cache)[:, -1]
-    tokens, step_logits = [], [logits]
-    for _ in range(steps - 1):
-        nxt = logits.argmax(-1, keepdim=True)
-        tokens.append(nxt)
-        logits = model(nxt, torch.full_like(nxt, cache.length), cache)[:, -1]
-        step_logits.append(logits)
-    tokens.append(logits.argmax(-1, keepdim=True))
-    return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
-
-
 def _is_expert(name: str) -> bool:
     return ".experts." in name and ".shared_experts." not in name
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.models.helpers import GENERATE, greedy, positions, random_prompt, rel_err  # noqa: F401  (re-exported)
+
 KDA_HEADS, KDA_HEAD_DIM = 2, 16
 DIMS = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=4,
@@ -104,31 +106,6 @@ def load_reference(path, dtype: torch.dtype = torch.float32):
 
 # -- helpers shared by the Kimi model tests ------------------------------------------------------
 
-GENERATE = 32  # greedy tokens compared against transformers
-
 
 def prompt(batch, length, seed=0, vocab=DIMS["vocab_size"]):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed + length))
-
-
-def positions(ids, start=0):
-    return torch.arange(start, start + ids.shape[1]).expand(ids.shape[0], -1)
-
-
-def rel_err(ours, theirs):
-    return float((ours - theirs).abs().max() / theirs.abs().max())
-
-
-@torch.no_grad()
-def greedy(model, ids, steps):
-    """dayzero: prefill then one-token decode steps with the cache; returns (tokens [B, steps], step logits)."""
-    cache = model.new_cache(ids.shape[0])
-    logits = model(ids, positions(ids), cache)[:, -1]
-    tokens, step_logits = [], [logits]
-    for _ in range(steps - 1):
-        nxt = logits.argmax(-1, keepdim=True)
-        tokens.append(nxt)
-        logits = model(nxt, positions(nxt, cache.length), cache)[:, -1]
-        step_logits.append(logits)
-    tokens.append(logits.argmax(-1, keepdim=True))
-    return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
+    return random_prompt(batch, length, vocab, seed + length)

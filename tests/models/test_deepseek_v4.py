@@ -17,8 +17,8 @@ from dayzero.formats import mxfp4
 from dayzero.models import load_model, model_class
 from dayzero.spec import UnsupportedModelError, load_spec
 from tests.demo.test_checkpoint import expected_layout
-from tests.models.deepseek_v4_checkpoints import (TINY_V4, build_deepseek_v4_checkpoint, greedy, load_reference,
-                                                 rel_err, tiny_v4_config)
+from tests.models.deepseek_v4_checkpoints import (TINY_V4, build_deepseek_v4_checkpoint, load_reference, tiny_v4_config)
+from tests.models.helpers import greedy, positions, rel_err
 
 VOCAB = TINY_V4["vocab_size"]
 LENGTHS = (3, 29, 200, 520)
@@ -36,10 +36,6 @@ def models(checkpoint):
 
 def prompt(length: int, seed: int = 0, batch: int = 1) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
-
-
-def positions(ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-    return torch.arange(start, start + ids.shape[1]).expand(ids.shape[0], -1)
 
 
 def test_checkpoint_has_the_real_layout(checkpoint):

@@ -14,6 +14,7 @@ from dayzero.formats import mxfp4
 from dayzero.models import load_model
 from dayzero.spec import UnsupportedModelError
 from tests.models.gpt_oss_checkpoints import TINY, build_gpt_oss_checkpoint
+from tests.models.helpers import positions, random_prompt, rel_err
 
 WINDOW = TINY["sliding_window"]
 PROMPT_LENGTHS = (5, 40, 70)
@@ -26,15 +27,7 @@ def _hf(path):
 
 
 def _prompt(batch, length, seed=0):
-    return torch.randint(0, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(seed + length))
-
-
-def _positions(ids, start=0):
-    return torch.arange(start, start + ids.shape[1]).expand(ids.shape[0], -1)
-
-
-def _rel_err(a, b):
-    return float((a - b).abs().max() / b.abs().max())
+    return random_prompt(batch, length, TINY["vocab_size"], seed + length)
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +74,9 @@ def test_logits_match_transformers(models, length):
     ours, hf = models
     ids = _prompt(2, length)
     with torch.no_grad():
-        got, expected = ours(ids, _positions(ids)), hf(ids).logits
+        got, expected = ours(ids, positions(ids)), hf(ids).logits
     assert got.dtype == torch.float32 and got.shape == (2, length, TINY["vocab_size"])
-    assert _rel_err(got, expected) <= 1e-4
+    assert rel_err(got, expected) <= 1e-4
 
 
 @pytest.mark.parametrize("length", (5, 40))
@@ -91,14 +84,14 @@ def test_prefill_then_decode_matches_full_forward(models, length):
     ours, _ = models
     ids = _prompt(2, length + 12)
     with torch.no_grad():
-        full = ours(ids, _positions(ids))
+        full = ours(ids, positions(ids))
         cache = ours.new_cache(2)
-        steps = [ours(ids[:, :length], _positions(ids[:, :length]), cache)]
+        steps = [ours(ids[:, :length], positions(ids[:, :length]), cache)]
         chunks = [(length, length + 1), (length + 1, length + 4), (length + 4, length + 12)]  # one token, then chunks
         for start, end in chunks:
-            steps.append(ours(ids[:, start:end], _positions(ids[:, start:end], start), cache))
+            steps.append(ours(ids[:, start:end], positions(ids[:, start:end], start), cache))
     assert cache.length == length + 12
-    assert _rel_err(torch.cat(steps, dim=1), full) <= 1e-5
+    assert rel_err(torch.cat(steps, dim=1), full) <= 1e-5
     # sliding layers keep only the keys the next token can still see
     assert cache.layers[0]["k"].shape[1] == WINDOW - 1 and cache.layers[1]["k"].shape[1] == length + 12
 
@@ -110,12 +103,12 @@ def test_greedy_generation_matches_transformers(models, length):
     with torch.no_grad():
         expected = hf.generate(ids, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)[0, length:]
         cache = ours.new_cache(1)
-        logits = ours(ids, _positions(ids), cache)
+        logits = ours(ids, positions(ids), cache)
         generated = []
         for _ in range(32):
             token = logits[:, -1].argmax(-1, keepdim=True)
             generated.append(int(token))
-            logits = ours(token, _positions(token, cache.length), cache)
+            logits = ours(token, positions(token, cache.length), cache)
     assert generated == expected.tolist()
 
 
@@ -128,9 +121,9 @@ def test_bfloat16_runs(checkpoint, models):
     ids = _prompt(1, 16)
     with torch.no_grad():
         cache = ours.new_cache(1)
-        got = torch.cat([ours(ids[:, :5], _positions(ids[:, :5]), cache),
-                         ours(ids[:, 5:], _positions(ids[:, 5:], 5), cache)], dim=1)
-        reference = ours32(ids, _positions(ids))
+        got = torch.cat([ours(ids[:, :5], positions(ids[:, :5]), cache),
+                         ours(ids[:, 5:], positions(ids[:, 5:], 5), cache)], dim=1)
+        reference = ours32(ids, positions(ids))
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     per_token = (got - reference).abs().amax(-1) / reference.abs().amax(-1)
     assert per_token.median() <= 0.05
@@ -148,7 +141,7 @@ def test_variants_match_transformers(tmp_path, options):
     for length in (5, 40):
         ids = _prompt(1, length)
         with torch.no_grad():
-            assert _rel_err(ours(ids, _positions(ids)), hf(ids).logits) <= 1e-4
+            assert rel_err(ours(ids, positions(ids)), hf(ids).logits) <= 1e-4
 
 
 def _config_only(tmp_path, **changes):
