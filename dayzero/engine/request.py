@@ -1,0 +1,80 @@
+"""One generation request as the scheduler tracks it: its tokens, status and progress.
+
+Token accounting (units: tokens)
+- `num_tokens` = len(prompt_token_ids) + len(output_token_ids): every token known so far.
+- `num_computed_tokens`: the leading tokens whose KV entries are in the request's blocks (computed
+  by the model or matched in the prefix cache). Always <= num_tokens. A decoding request has
+  num_computed_tokens == num_tokens - 1: its last sampled token is the next step's input.
+- A step that brings num_computed_tokens up to num_tokens produces logits for the last token, so
+  the runner samples one new token for it; a prefill chunk that stops short samples nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from dayzero.engine.sampling import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds no blocks
+    RUNNING = "running"  # admitted, holds blocks
+    PREEMPTED = "preempted"  # blocks taken back; waits to recompute prompt + output from scratch
+    FINISHED_STOPPED = "finished_stopped"  # EOS, a stop token id, or a stop string (finish_reason "stop")
+    FINISHED_LENGTH = "finished_length"  # max_tokens reached or the KV pool full (finish_reason "length")
+    FINISHED_ABORTED = "finished_aborted"  # cancelled by the client (finish_reason "abort")
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    arrival: int = -1  # admission order, set by Scheduler.add; FCFS and preemption order use it
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last admission
+    stop_reason: int | str | None = None  # the stop token id or stop string that finished it
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without building the whole list."""
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[start:end] + self.output_token_ids[max(start - p, 0):max(end - p, 0)]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        """OpenAI's finish_reason: "stop", "length", "abort", or None while unfinished."""
+        return _FINISH_REASONS.get(self.status)

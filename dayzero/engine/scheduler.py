@@ -1,0 +1,244 @@
+"""Continuous batching: which requests compute how many tokens in the next step.
+
+Plain Python on the CPU; the runner executes a SchedulerOutput and reports the sampled tokens back
+through `update`. One step is:
+
+    output = scheduler.schedule()
+    sampled = runner.execute(output)          # {request_id: token id, or None for a partial prefill chunk}
+    finished = scheduler.update(output, sampled)
+
+Policy (vLLM V1's, without priorities)
+- Token budget: at most max_num_batched_tokens tokens per step, at most max_num_seqs running requests.
+- Running requests first, in arrival order: a decode takes 1 token; an unfinished prefill takes what
+  is left of it, up to the remaining budget. Then waiting requests, first come first served: a
+  request is admitted with its prefix-cache hit, and its prefill is chunked to the remaining budget
+  (chunked_prefill) or waits for a step with room for all of it. The queue is never reordered: a
+  head that cannot be admitted blocks those behind it.
+- Preemption by recompute: when a running request cannot get a block, the most recently arrived
+  running request gives back all its blocks, keeps its output tokens and goes to the front of the
+  waiting queue, to recompute prompt + output later (its own blocks may still be found in the
+  prefix cache then). No request is admitted in a step that preempted.
+- Without chunked prefill, a preempted request whose prompt + output exceeds the budget is still
+  recomputed in chunks: otherwise it could never run again.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from dayzero.cache.kv_manager import KVCacheManager
+from dayzero.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # tokens to compute this step: positions [num_computed_tokens, + num_new_tokens)
+    num_computed_tokens: int  # tokens already in the cache when the step starts
+    samples: bool = field(init=False)  # the step reaches the request's last known token: the runner samples for it
+
+    def __post_init__(self):
+        self.samples = self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)  # running first, then new admissions
+    preempted: list[str] = field(default_factory=list)  # request ids preempted while scheduling this step
+    finished: list[Request] = field(default_factory=list)  # ended while scheduling (the pool is full for them)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.request.request_id: s.num_new_tokens for s in self.scheduled}
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 chunked_prefill: bool = True, eos_token_ids: int | list[int] | set[int] | None = None):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
+                             f"({max_num_batched_tokens}) must both be >= 1")
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        if eos_token_ids is None:
+            self.eos_token_ids: frozenset[int] = frozenset()
+        elif isinstance(eos_token_ids, int):
+            self.eos_token_ids = frozenset([eos_token_ids])
+        else:
+            self.eos_token_ids = frozenset(eos_token_ids)
+        self.requests: dict[str, Request] = {}  # unfinished requests by id
+        self.waiting: deque[Request] = deque()  # WAITING and PREEMPTED, FCFS (preempted in front)
+        self.running: list[Request] = []  # RUNNING, sorted by arrival
+        self._next_arrival = 0
+        # counters (units: tokens, except num_preemptions)
+        self.num_prefix_cached_tokens = 0  # tokens found in the prefix cache at admission
+        self.num_computed_tokens_total = 0  # tokens the model computed
+        self.num_preemptions = 0
+
+    # -- queue ------------------------------------------------------------------------------------
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def add(self, req: Request) -> None:
+        """Queue a request. Raises ValueError for a request that could not run even alone."""
+        rid = req.request_id
+        if rid in self.requests:
+            raise ValueError(f"request id {rid!r} is already queued or running; request ids must be unique")
+        if not req.prompt_token_ids:
+            raise ValueError(f"request {rid!r} has an empty prompt; at least one token is needed")
+        if req.status is not RequestStatus.WAITING or req.num_computed_tokens or req.output_token_ids:
+            raise ValueError(f"request {rid!r} must be new (WAITING, nothing computed or generated)")
+        # KV entries it needs at most: every token but the last generated one.
+        max_tokens = req.sampling_params.max_tokens or 1
+        need = self.kv.num_blocks_for(req.num_prompt_tokens + max_tokens - 1)
+        pool = self.kv.pool.num_blocks
+        if need > pool:
+            raise ValueError(
+                f"request {rid!r} needs {need} KV blocks of {self.kv.block_size} tokens "
+                f"({req.num_prompt_tokens} prompt + {req.sampling_params.max_tokens} max_tokens) but the pool "
+                f"has {pool}; shorten the prompt, lower max_tokens, or give the KV cache more memory "
+                f"(--kv-cache-gib / --mem-fraction)")
+        if not self.chunked_prefill and req.num_prompt_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"request {rid!r} has {req.num_prompt_tokens} prompt tokens, more than max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}, and chunked prefill is off; enable chunked prefill or raise "
+                f"max_num_batched_tokens")
+        req.arrival = self._next_arrival
+        self._next_arrival += 1
+        self.requests[rid] = req
+        self.waiting.append(req)
+
+    def abort(self, request_id: str) -> Request | None:
+        """Cancel a request, waiting or running; its blocks go back to the pool at once. Returns it,
+        or None if it is unknown or already finished."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        self.finish(req, RequestStatus.FINISHED_ABORTED)
+        return req
+
+    def finish(self, req: Request, status: RequestStatus, stop_reason: int | str | None = None) -> None:
+        """End a request and free its blocks. The hook for checks the scheduler cannot make itself:
+        the detokenizer calls it with FINISHED_STOPPED and the stop string when one matches."""
+        if not status.is_finished:
+            raise ValueError(f"finish needs a FINISHED_* status, got {status}")
+        if req.status is RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif not req.is_finished:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = status
+        req.stop_reason = stop_reason
+        self.requests.pop(req.request_id, None)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, num_new):
+                victim = self.running[-1]  # the most recently arrived; not scheduled yet (index >= i)
+                if victim is req and i == 0:
+                    # Alone and still out of blocks: the pool is its context limit (max_tokens=None).
+                    self.finish(req, RequestStatus.FINISHED_LENGTH)
+                    out.finished.append(req)
+                    break
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(req, num_new, req.num_computed_tokens))
+                budget -= num_new
+                i += 1
+
+        while self.waiting and not out.preempted and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            num_cached = self.kv.match_prefix(req)
+            remaining = req.num_tokens - num_cached
+            may_chunk = self.chunked_prefill or req.status is RequestStatus.PREEMPTED
+            if remaining > budget and not may_chunk:
+                self.kv.free(req)
+                break
+            num_new = min(remaining, budget)
+            req.num_computed_tokens = num_cached
+            if not self.kv.allocate_slots(req, num_new):
+                self.kv.free(req)
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            req.num_cached_tokens = num_cached
+            self.num_prefix_cached_tokens += num_cached
+            bisect.insort(self.running, req, key=lambda r: r.arrival)
+            out.scheduled.append(ScheduledRequest(req, num_new, num_cached))
+            budget -= num_new
+        return out
+
+    def update(self, output: SchedulerOutput, sampled_token_ids: dict[str, int | None]) -> list[Request]:
+        """Record a finished step: advance each request by the tokens computed, append the token
+        sampled for each request whose step reached its last token, and end the requests that
+        stopped (their blocks go back to the pool). Returns the requests finished by this step."""
+        finished = []
+        for s in output.scheduled:
+            req = s.request
+            if req.status is not RequestStatus.RUNNING:  # aborted after schedule()
+                continue
+            req.num_computed_tokens += s.num_new_tokens
+            self.num_computed_tokens_total += s.num_new_tokens
+            self.kv.cache_full_blocks(req)
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk: nothing sampled
+            token = sampled_token_ids.get(req.request_id)
+            if token is None:
+                raise RuntimeError(f"request {req.request_id!r} reached its last token this step but no "
+                                   f"sampled token id was reported for it")
+            req.output_token_ids.append(token)
+            status, reason = self._check_stop(req, token)
+            if status is not None:
+                self.finish(req, status, reason)
+                finished.append(req)
+        return finished
+
+    # -- internals --------------------------------------------------------------------------------
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.num_computed_tokens = 0
+        req.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(req)
+        self.num_preemptions += 1
+
+    def _check_stop(self, req: Request, token: int) -> tuple[RequestStatus | None, int | None]:
+        params = req.sampling_params
+        if not params.ignore_eos and token in self.eos_token_ids:
+            return RequestStatus.FINISHED_STOPPED, None
+        if token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED, token
+        if params.max_tokens is not None and req.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH, None
+        return None, None
