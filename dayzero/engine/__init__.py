@@ -1,5 +1,8 @@
-"""The engine: per-request sampling and stop conditions (planned: scheduler, runner, the step loop)."""
+"""The engine: requests, the continuous-batching scheduler, sampling and stop conditions
+(planned: the runner and the step loop)."""
 
+from dayzero.engine.request import Request, RequestStatus
+from dayzero.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from dayzero.engine.sampling import (
     GREEDY_TEMPERATURE,
     MAX_LOGPROBS,
@@ -13,6 +16,11 @@ from dayzero.engine.sampling import (
 )
 
 __all__ = [
+    "Request",
+    "RequestStatus",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerOutput",
     "GREEDY_TEMPERATURE",
     "MAX_LOGPROBS",
     "Sampler",
