@@ -85,6 +85,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dayzero.engine import SamplingParams
+    from dayzero.engine.llm import LLM
+
+    model_dir = _model_dir(args.model)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop or [],
+                            ignore_eos=args.ignore_eos)
+    llm = LLM(model_dir, device=args.device, dtype=args.dtype)
+    prompt = args.prompt
+    if args.chat:
+        prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
+    for piece in llm.stream(prompt, params):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from dayzero.ops import coverage_table
 
@@ -129,6 +147,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=None,
                    help="max relative logits error allowed (default 1e-4 for float32, 5e-2 for bfloat16)")
     p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "generate",
+        help="generate text for a prompt, streaming tokens as they come",
+        description="Load the checkpoint (without MODEL, the demo) and stream a completion of the prompt.",
+    )
+    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory")
+    p.add_argument("--prompt", "-p", default="The lighthouse keeper", help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("ops", help="the operator library's coverage: op x backend")
     p.set_defaults(func=cmd_ops)

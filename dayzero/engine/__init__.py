@@ -1,5 +1,5 @@
-"""The engine: requests, the continuous-batching scheduler, sampling and stop conditions
-(planned: the runner and the step loop)."""
+"""The engine: requests, the continuous-batching scheduler, the runner, sampling and stop
+conditions, and the offline API (`LLM`)."""
 
 from dayzero.engine.request import Request, RequestStatus
 from dayzero.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput

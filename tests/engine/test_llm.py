@@ -1,0 +1,150 @@
+"""The offline API end to end: a batch of prompts of different lengths through the engine (scheduler,
+runner, sampler) gives, greedily, the tokens transformers' generate gives on each prompt alone; also
+with chunked prefill and with preemption; bad input is rejected before anything is scheduled."""
+
+import pytest
+import torch
+
+from dayzero.engine import SamplingParams
+from dayzero.engine.llm import LLM
+from dayzero.verify import load_reference
+from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
+from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
+from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
+
+NEW_TOKENS = 6
+# 16 prompt lengths per family, past its thresholds: gpt-oss window 8, V3.2 index_topk 8, V4 window 16
+# / CSA ratio 4 / HCA ratio 128, Kimi Linear KDA chunk 64
+SHORT = [3, 5, 7, 9, 12, 15, 18, 22, 26, 30, 35, 41, 47, 54, 60, 70]
+FAMILIES = {
+    "deepseek_v3": (build_deepseek_v3_checkpoint, SHORT),
+    "deepseek_v32": (build_deepseek_v32_checkpoint, SHORT),
+    "deepseek_v4": (build_deepseek_v4_checkpoint, [3, 9, 15, 17, 20, 33, 40, 64, 90, 127, 129, 140, 160, 200, 257, 270]),
+    "gpt_oss": (build_gpt_oss_checkpoint, SHORT),
+    "kimi_linear": (build_kimi_linear_checkpoint, [3, 8, 17, 30, 45, 60, 63, 64, 65, 70, 80, 96, 110, 128, 129, 150]),
+}
+
+
+def _prompts(vocab, lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _reference_tokens(path, prompts):
+    hf = load_reference(path, torch.float32, "cpu")
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            gen = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                              do_sample=False, pad_token_id=0)
+            out.append(gen[0, len(p):].tolist())
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    builder, lengths = FAMILIES[request.param]
+    path = builder(tmp_path_factory.mktemp(request.param))
+    llm = LLM(path, dtype="float32")
+    prompts = _prompts(llm.vocab_size, lengths)
+    return request.param, path, prompts, _reference_tokens(path, prompts)
+
+
+GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def _assert_pool_free(llm):
+    pool = llm.scheduler.kv.pool
+    assert pool.num_free == pool.num_blocks and not llm.runner.caches and not llm._tracks
+
+
+def test_a_batch_of_16_prompts_matches_transformers_alone(family):
+    name, path, prompts, expected = family
+    llm = LLM(path, dtype="float32")
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    assert all(o.finish_reason == "length" for o in outs)
+    _assert_pool_free(llm)
+
+
+def test_chunked_prefill_and_preemption_give_the_same_tokens(family):
+    name, path, prompts, expected = family
+    # a 16-token budget splits every long prompt; a pool of 4-token blocks that holds the longest
+    # sequence alone forces preemptions while several run
+    longest = max(len(p) for p in prompts) + NEW_TOKENS
+    llm = LLM(path, dtype="float32", max_num_batched_tokens=16, block_size=4, num_kv_blocks=-(-longest // 4) + 1)
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == expected
+    assert llm.scheduler.num_preemptions > 0
+    _assert_pool_free(llm)
+
+
+@pytest.fixture(scope="module")
+def demo_llm():
+    return LLM()
+
+
+def test_demo_model_text_chat_and_stream(demo_llm):
+    out = demo_llm.generate("The lighthouse keeper", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 5 and out.text == demo_llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    chat = demo_llm.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))[0]
+    assert chat.prompt_token_ids == demo_llm.apply_chat_template([{"role": "user", "content": "hi"}])
+    streamed = "".join(demo_llm.stream("The lighthouse keeper", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)))
+    assert streamed == out.text
+    _assert_pool_free(demo_llm)
+
+
+def test_seeded_sampling_is_reproducible_and_n_completions(demo_llm):
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=11, n=3, ignore_eos=True)
+    a = demo_llm.generate([[5, 6, 7]], params)[0]
+    b = demo_llm.generate([[5, 6, 7], [9, 9]], params)[0]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert len({tuple(o.token_ids) for o in a.outputs}) > 1
+
+
+def test_stop_strings_and_stop_token_ids(demo_llm):
+    base = demo_llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+    stop_id = base.token_ids[3]
+    out = demo_llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop_token_ids=[stop_id]))[0]
+    assert out.token_ids == base.token_ids[: base.token_ids.index(stop_id) + 1] and out.finish_reason == "stop"
+    text = base.text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    if stop.strip():
+        out = demo_llm.generate([[5, 6, 7]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, stop=[stop]))[0]
+        assert out.finish_reason == "stop" and stop not in out.text and text.startswith(out.text)
+    _assert_pool_free(demo_llm)
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ([], SamplingParams(), "prompt 1 is empty"),
+    ([1, 10**6], SamplingParams(), "token id 1000000 is outside the vocabulary"),
+    ([1, 2], SamplingParams(max_tokens=10**7), "exceed the model's context"),
+    ([1, 2], SamplingParams(temperature=-0.5), "temperature"),
+    ([1, 2], SamplingParams(top_p=0.0), "top_p"),
+])
+def test_bad_input_is_rejected_before_anything_runs(demo_llm, prompt, params, message):
+    good = [3, 4, 5]
+    with pytest.raises(ValueError, match=message):
+        demo_llm.generate([good, prompt], [SamplingParams(max_tokens=2), params])
+    assert not demo_llm.scheduler.has_unfinished()  # the good request was not queued either
+    _assert_pool_free(demo_llm)
+
+
+def test_a_stream_abandoned_early_aborts_and_frees_its_blocks(demo_llm):
+    stream = demo_llm.stream([5, 6, 7], SamplingParams(max_tokens=50, temperature=0.0, ignore_eos=True))
+    next(stream)
+    stream.close()
+    assert not demo_llm.scheduler.has_unfinished()
+    _assert_pool_free(demo_llm)
+
+
+def test_generate_cli_streams_the_demo(capsys):
+    from dayzero.cli import main
+
+    assert main(["generate", "--max-tokens", "4", "--ignore-eos"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n") and len(out.strip()) > 0
+    assert main(["generate", "--temperature", "-1"]) == 2
+    assert "temperature" in capsys.readouterr().err
