@@ -57,7 +57,7 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 def _assert_pool_free(llm):
     pool = llm.scheduler.kv.pool
-    assert pool.num_free == pool.num_blocks and not llm.runner.caches and not llm._tracks
+    assert pool.num_free == pool.num_blocks and not llm.runner.caches and not llm.engine.tracks
 
 
 def test_a_batch_of_16_prompts_matches_transformers_alone(family):

@@ -1,0 +1,193 @@
+"""The engine core: requests in, one step at a time, per-request updates out.
+
+`Engine.add_request` validates a request completely (prompt, token ids, sampling values, context
+and pool limits) before queueing it, so a bad request raises ValueError naming the value and
+nothing else changes. `Engine.step()` runs one scheduler step (continuous batching, token budget,
+chunked prefill, preemption), the runner's forward, one batched sampler call, the scheduler's
+update (max_tokens, EOS, stop ids) and the stop-string check on the detokenized text, and returns
+a `RequestUpdate` for every request that got a token or finished. `Engine.abort` frees a
+request's blocks at once. The offline `LLM` and the server drive this same object.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from dayzero.cache import BlockPool, KVCacheManager
+from dayzero.engine.request import Request, RequestStatus
+from dayzero.engine.runner import ContiguousRunner
+from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
+from dayzero.engine.scheduler import Scheduler
+from dayzero.models import CausalLM
+
+
+@dataclass
+class RequestUpdate:
+    """What one step did for one request: the tokens appended (0 or 1), the text that became final
+    since the last update, and the finish reason once it ends."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text_delta: str
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None
+    logprobs: TokenLogprobs | None = None
+
+
+@dataclass
+class _Track:
+    """The engine's view of one request: the scheduler's request plus sampling and stop state."""
+
+    request: Request
+    state: SamplingState
+    stop: StopChecker
+    text: str = ""  # detokenized output so far
+    final_text: str | None = None  # the returned text once finished (stop string removed)
+    sent: int = 0  # characters already handed out as text_delta
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, model: CausalLM, tokenizer=None, *, eos_token_ids: set[int] = frozenset(),
+                 max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                 block_size: int = 16, num_kv_blocks: int | None = None, seed: int = 0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.vocab_size = model.spec.vocab_size
+        self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
+        if num_kv_blocks is None:  # room for every sequence at full length
+            num_kv_blocks = max_num_seqs * -(-self.max_model_len // block_size)
+        kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching=False)
+        self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
+                                   eos_token_ids=eos_token_ids)
+        self.runner = ContiguousRunner(model)
+        self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
+        self.tracks: dict[str, _Track] = {}
+
+    # -- requests ---------------------------------------------------------------------------------
+    def validate(self, prompt: str | Sequence[int], params: SamplingParams, where: str = "prompt"
+                 ) -> tuple[list[int], SamplingParams]:
+        """(prompt token ids, params with max_tokens resolved) or ValueError naming what is wrong."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"{where}: sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size)
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{where}: this checkpoint has no tokenizer; pass token ids instead of text")
+            ids = list(self.tokenizer.encode(prompt))
+        else:
+            ids = list(prompt)
+            bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"{where}: token id {bad!r} is outside the vocabulary [0, {self.vocab_size})")
+        if not ids:
+            raise ValueError(f"{where} is empty; at least one token is needed")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
+        if max_tokens < 1 or len(ids) + max_tokens > self.max_model_len:
+            raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context "
+                             f"of {self.max_model_len} tokens (max_model_len)")
+        kv = self.scheduler.kv
+        need = kv.num_blocks_for(len(ids) + max_tokens - 1)
+        if need > kv.pool.num_blocks:
+            raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {max_tokens} need {need} KV blocks, "
+                             f"the pool has {kv.pool.num_blocks}; lower max_tokens or give the KV cache more memory")
+        return ids, replace(params, max_tokens=max_tokens)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    sample_index: int = 0) -> None:
+        """Queue a request whose prompt and params `validate` returned."""
+        req = Request(request_id, list(prompt_token_ids), params)
+        state = self.sampler.new_state(params, req.prompt_token_ids, sample_index=sample_index,
+                                       output_token_ids=req.output_token_ids)
+        self.scheduler.add(req)
+        self.tracks[request_id] = _Track(req, state, StopChecker(params, self.scheduler.eos_token_ids))
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request and free its blocks at once; False if it is unknown or already done."""
+        track = self.tracks.pop(request_id, None)
+        if track is None:
+            return False
+        self.runner.free(request_id)
+        return self.scheduler.abort(request_id) is not None
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- one step ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestUpdate]:
+        out = self.scheduler.schedule()
+        updates: list[RequestUpdate] = []
+        for req in out.finished:  # ended while scheduling: the KV pool is full for them
+            updates.append(self._finish_update(self.tracks[req.request_id], []))
+        logits = self.runner.execute(out)
+        sampled: dict[str, int] = {}
+        step_logprobs: dict[str, TokenLogprobs | None] = {}
+        if logits:
+            rids = list(logits)
+            result = self.sampler(torch.stack([logits[r] for r in rids]), [self.tracks[r].state for r in rids])
+            for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
+                sampled[rid], step_logprobs[rid] = token, lp
+        finished = {r.request_id for r in self.scheduler.update(out, sampled)}
+        for rid, token in sampled.items():
+            track = self.tracks[rid]
+            if step_logprobs[rid] is not None:
+                track.logprobs.append(step_logprobs[rid])
+            req = track.request
+            track.text = self._decode(req.output_token_ids, req.sampling_params)
+            decision = track.stop.check(track.text, token, len(req.output_token_ids))
+            if decision.finish_reason is not None:
+                track.final_text = decision.text
+                if rid not in finished:  # a stop string: the scheduler cannot see text
+                    self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, decision.stop_reason)
+            if req.is_finished:
+                updates.append(self._finish_update(track, [token], step_logprobs[rid]))
+            else:
+                visible = track.text[: track.stop.streamable_length(track.text)]
+                updates.append(RequestUpdate(rid, [token], visible[track.sent:], False, logprobs=step_logprobs[rid]))
+                track.sent = max(track.sent, len(visible))
+        return updates
+
+    def _finish_update(self, track: _Track, tokens: list[int], lp: TokenLogprobs | None = None) -> RequestUpdate:
+        req = track.request
+        if track.final_text is None:
+            track.final_text = track.text
+        self.runner.free(req.request_id)
+        delta = track.final_text[track.sent:]
+        track.sent = len(track.final_text)
+        return RequestUpdate(req.request_id, tokens, delta, True, req.finish_reason, req.stop_reason, lp)
+
+    def pop_finished(self, request_id: str) -> _Track:
+        """Hand over a finished request's track (its text, tokens, logprobs) and forget it."""
+        return self.tracks.pop(request_id)
+
+    def _decode(self, token_ids: list[int], params: SamplingParams) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
+
+
+def load_tokenizer(path: Path):
+    if not any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def eos_token_ids(path: Path, tokenizer) -> set[int]:
+    """EOS ids from generation_config.json, else config.json, else the tokenizer."""
+    for name in ("generation_config.json", "config.json"):
+        f = path / name
+        if f.is_file():
+            eos = json.loads(f.read_text()).get("eos_token_id")
+            if eos is not None:
+                return set(eos) if isinstance(eos, list) else {int(eos)}
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        return {tokenizer.eos_token_id}
+    return set()
