@@ -103,6 +103,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dayzero.server.serve import serve
+
+    return serve(args, _model_dir(args.model))
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from dayzero.ops import coverage_table
 
@@ -167,6 +173,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve the model over HTTP: OpenAI API and SGLang's native API",
+        description="Start an HTTP server with the OpenAI API (/v1/models, /v1/completions, "
+        "/v1/chat/completions), SGLang's native API (/generate, /get_model_info, /get_server_info, /health, "
+        "/health_generate, /flush_cache) and Prometheus /metrics. Without --model, the demo checkpoint.",
+    )
+    p.add_argument("--model", "--model-path", dest="model", default=None, help="checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=30000, help="port (default 30000)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (except /health, /metrics)")
+    p.add_argument("--served-model-name", default=None, help="model name in the API (default: the checkpoint dir name)")
+    p.add_argument("--max-running-requests", type=int, default=16, help="sequences decoded together (default 16)")
+    p.add_argument("--max-queued-requests", type=int, default=256,
+                   help="sequences waiting beyond the running ones before new requests get 503 (default 256)")
+    p.add_argument("--chunked-prefill-size", type=int, default=2048,
+                   help="tokens per engine step, prefill chunks included (default 2048; -1 = the context length)")
+    p.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float, default=None,
+                   help="accepted and reported only: the current runner keeps each request's KV in its own "
+                   "contiguous cache, so the block pool is sized for every running request at full context")
+    p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=None,
+                   help="context length to serve (default: the model's, at most 8192)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--seed", type=int, default=0, help="global seed for requests without their own")
+    p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("ops", help="the operator library's coverage: op x backend")
     p.set_defaults(func=cmd_ops)

@@ -1,0 +1,163 @@
+"""Request bodies of the HTTP API and the OpenAI-style error.
+
+OpenAI bodies forbid unknown fields (the OpenAI API answers "Unrecognized request argument");
+the vLLM/SGLang sampling extensions clients send through `extra_body` (top_k, min_p,
+repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens) are known fields. Types are
+strict: "0.5" is not a number, true is not an integer. SGLang's /generate body and its
+sampling_params forbid unknown fields too, as SGLang's dataclasses do.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dayzero.engine.sampling import SamplingParams
+
+
+class APIError(Exception):
+    """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                              503: "server_overloaded"}.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _OpenAISampling(_Strict):
+    model: str | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM / SGLang extensions (sent by clients through extra_body)
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        given = {k: v for k, v in dict(
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, top_k=self.top_k, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty).items() if v is not None}
+        return SamplingParams(max_tokens=max_tokens, n=self.n, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
+                              ignore_eos=self.ignore_eos, logprobs=logprobs,
+                              skip_special_tokens=self.skip_special_tokens, **given)
+
+
+class CompletionRequest(_OpenAISampling):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # name, tool_calls, ... are passed to the template
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatCompletionRequest(_OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict | None = None
+
+
+class SGLangSamplingParams(_Strict):
+    max_new_tokens: int | None = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    n: int = 1
+    seed: int | None = None  # SGLang calls it sampling_seed; both are accepted
+    sampling_seed: int | None = None
+    skip_special_tokens: bool = True
+
+    def sampling_params(self, logprobs: int | None) -> SamplingParams:
+        seed = self.sampling_seed if self.sampling_seed is not None else self.seed
+        return SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+                              top_k=self.top_k, min_p=self.min_p, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
+                              ignore_eos=self.ignore_eos, repetition_penalty=self.repetition_penalty,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              n=self.n, seed=seed, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+
+
+class GenerateRequest(_Strict):
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: SGLangSamplingParams | list[SGLangSamplingParams] | None = None
+    stream: bool = False
+    rid: str | list[str] | None = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    logprob_start_len: int = -1  # accepted for compatibility; prompt logprobs are not computed
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
+    """model_validate, with a pydantic error turned into a 400 naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
+        param = ".".join(loc) or None
+        if err["type"] == "extra_forbidden":
+            message = f"unrecognized request argument supplied: {param}"
+        elif err["type"] == "missing":
+            message = f"missing required field: {param}"
+        else:
+            message = f"{param}: {err['msg']} (got {err.get('input')!r})"
+        raise APIError(400, message, param) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "function-after", "union", "TextPart",
+              "SGLangSamplingParams", "StreamOptions"}
