@@ -1,0 +1,75 @@
+"""Load: 520 requests at concurrency 64, mixed streaming, non-streaming, early disconnects and
+invalid ones. Every valid request completes correctly, every invalid one gets its 4xx, the server
+stays up, and afterwards the KV pool is fully free."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import httpx
+
+from tests.server.conftest import wait_pool_free
+
+NUM_REQUESTS = 520
+CONCURRENCY = 64
+
+
+async def _one(client: httpx.AsyncClient, i: int, rng: random.Random) -> str:
+    kind = ("complete", "stream", "generate", "chat", "disconnect", "invalid")[i % 6]
+    max_tokens = rng.randint(1, 6)
+    prompt = " ".join(rng.choice(["sea", "light", "keeper", "stone", "wind", "7"]) for _ in range(rng.randint(1, 12)))
+    if kind == "complete":
+        r = await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == max_tokens
+    elif kind == "chat":
+        r = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}],
+                                                            "max_tokens": max_tokens, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length", r.text
+    elif kind == "generate":
+        r = await client.post("/generate", json={"text": prompt, "sampling_params": {
+            "max_new_tokens": max_tokens, "ignore_eos": True}})
+        assert r.status_code == 200 and len(r.json()["output_ids"]) == max_tokens, r.text
+    elif kind == "stream":
+        body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        async with client.stream("POST", "/v1/completions", json=body) as s:
+            assert s.status_code == 200
+            lines = [line[6:] async for line in s.aiter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]" and json.loads(lines[-2])["usage"]["completion_tokens"] == max_tokens
+    elif kind == "disconnect":  # long request, dropped after the first chunk
+        body = {"prompt": prompt, "max_tokens": 200, "ignore_eos": True, "stream": True}
+        async with client.stream("POST", "/v1/completions", json=body) as s:
+            assert s.status_code == 200
+            async for line in s.aiter_lines():
+                if line.startswith("data: "):
+                    break
+    else:
+        bad = rng.choice([{"prompt": prompt, "max_tokens": -3}, {"prompt": prompt, "temperature": "x"},
+                          {"prompt": "", "max_tokens": 2}, {"prompt": prompt, "unknown_field": 1}])
+        r = await client.post("/v1/completions", json=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"], r.text
+    return kind
+
+
+def test_load(url):
+    async def main():
+        rng = random.Random(0)
+        sem = asyncio.Semaphore(CONCURRENCY)
+        limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+            async def bounded(i):
+                async with sem:
+                    return await _one(client, i, rng)
+
+            return await asyncio.gather(*[bounded(i) for i in range(NUM_REQUESTS)])
+
+    kinds = asyncio.run(main())
+    assert len(kinds) == NUM_REQUESTS
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    info = wait_pool_free(url)
+    assert info["num_running_reqs"] == 0 and info["num_queued_reqs"] == 0
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    assert 'finish_reason="abort"' in metrics  # the disconnected streams were aborted
