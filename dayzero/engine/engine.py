@@ -149,6 +149,7 @@ class Engine:
                 updates.append(self._finish_update(track, [token], step_logprobs[rid]))
             else:
                 visible = track.text[: track.stop.streamable_length(track.text)]
+                visible = visible.rstrip("\ufffd")  # a multi-byte character still incomplete: wait for it
                 updates.append(RequestUpdate(rid, [token], visible[track.sent:], False, logprobs=step_logprobs[rid]))
                 track.sent = max(track.sent, len(visible))
         return updates
