@@ -136,9 +136,28 @@ def main() -> None:
     rng = random.Random(args.seed)
     prompts = [[rng.randrange(10, 800) for _ in range(args.random_input)] for _ in range(args.num_prompts)]
     asyncio.run(run(url, prompts[:2], 2, 2))  # warm-up
+    summary = []
     for c in args.concurrency:
         results, duration = asyncio.run(run(url, prompts, args.random_output, c))
         print(report(results, duration, c), flush=True)
+        summary.append((c, sum(r["output"] for r in results) / duration))
+    offline = offline_throughput(args, prompts)
+    print(f"\nBaseline in the same run: offline LLM.generate of the same {len(prompts)} prompts, "
+          f"{offline:.2f} output tok/s")
+    print(f"{'concurrency':>12} {'server tok/s':>14} {'offline tok/s':>14} {'server/offline':>15}")
+    for c, tps in summary:
+        print(f"{c:>12} {tps:>14.2f} {offline:>14.2f} {tps / offline:>15.2f}")
+
+
+def offline_throughput(args, prompts) -> float:
+    """Output tokens per second of the offline engine on the same prompts and lengths (no HTTP)."""
+    from dayzero import LLM, SamplingParams
+
+    llm = LLM(args.model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests)
+    params = SamplingParams(max_tokens=args.random_output, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":
