@@ -192,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunked-prefill-size", type=int, default=2048,
                    help="tokens per engine step, prefill chunks included (default 2048; -1 = the context length)")
     p.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float, default=None,
-                   help="accepted and reported only: the current runner keeps each request's KV in its own "
-                   "contiguous cache, so the block pool is sized for every running request at full context")
+                   help="fraction of the device's memory (RAM on CPU) for weights + KV cache; sizes the KV "
+                   "block pool (default: room for every running request at full context)")
     p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=None,
                    help="context length to serve (default: the model's, at most 8192)")
     p.add_argument("--device", default="cpu")

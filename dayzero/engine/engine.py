@@ -56,11 +56,14 @@ class _Track:
 class Engine:
     def __init__(self, model: CausalLM, tokenizer=None, *, eos_token_ids: set[int] = frozenset(),
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None, seed: int = 0):
+                 block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
+                 seed: int = 0):
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = model.spec.vocab_size
         self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
+        if num_kv_blocks is None and kv_cache_bytes is not None:
+            num_kv_blocks = kv_blocks_for_budget(model, kv_cache_bytes, block_size, max_num_seqs)
         if num_kv_blocks is None:  # room for every sequence at full length
             num_kv_blocks = max_num_seqs * -(-self.max_model_len // block_size)
         kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching=False)
@@ -171,6 +174,25 @@ class Engine:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
+
+
+def kv_blocks_for_budget(model: CausalLM, kv_cache_bytes: float, block_size: int, max_num_seqs: int) -> int:
+    """Blocks of `block_size` tokens that `kv_cache_bytes` holds for this model, after the fixed
+    per-request state (KDA, compressor windows) of `max_num_seqs` requests; per-token bytes from the
+    memory plan (dayzero/plan.py), scaled from bf16 to the model's dtype."""
+    from dayzero.plan import cache_totals
+
+    per_token, fixed = cache_totals(model.spec, "bf16")
+    scale = torch.tensor([], dtype=model.dtype).element_size() / 2
+    per_token, fixed = per_token * scale, fixed * scale
+    usable = kv_cache_bytes - fixed * max_num_seqs
+    blocks = int(usable // (per_token * block_size)) if per_token > 0 else max_num_seqs
+    if blocks < 1:
+        raise ValueError(
+            f"a KV cache budget of {kv_cache_bytes / 2**30:.3f} GiB holds no block of {block_size} tokens "
+            f"({per_token:.0f} B per token, {fixed / 2**20:.1f} MiB fixed state per request x {max_num_seqs} "
+            f"requests); raise --mem-fraction / --kv-cache-gib or lower --max-running-requests")
+    return blocks
 
 
 def load_tokenizer(path: Path):

@@ -53,7 +53,10 @@ class RequestOutput:
 class LLM:
     def __init__(self, model: str | Path | None = None, *, device: str = "cpu", dtype: str = "float32",
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None, seed: int = 0, progress: bool = False):
+                 block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gib: float | None = None,
+                 mem_fraction: float | None = None, seed: int = 0, progress: bool = False):
+        """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
+        memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length."""
         from dayzero.models import load_model
 
         if dtype not in DTYPES:
@@ -65,9 +68,13 @@ class LLM:
         self.path = Path(model)
         self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress)
         self.tokenizer = load_tokenizer(self.path)
+        kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
+        if kv_cache_bytes is None and mem_fraction is not None:
+            kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction)
         self.engine = Engine(self.model, self.tokenizer, eos_token_ids=eos_token_ids(self.path, self.tokenizer),
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks, seed=seed)
+                             max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                             kv_cache_bytes=kv_cache_bytes, seed=seed)
         self.vocab_size = self.engine.vocab_size
         self.max_model_len = self.engine.max_model_len
         self._ids = itertools.count()
@@ -143,3 +150,25 @@ class LLM:
         logprobs = track.logprobs if req.sampling_params.logprobs is not None else None
         return CompletionOutput(index, track.final_text, list(req.output_token_ids), req.finish_reason,
                                 req.stop_reason, logprobs)
+
+
+RESERVE_FRACTION = 0.05  # of the device's memory, kept for activations, allocator slack and the runtime
+
+
+def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
+    """mem_fraction of the device's memory (RAM on CPU) minus the weights and a reserve, in bytes."""
+    import os
+
+    if not 0 < mem_fraction <= 1:
+        raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction}")
+    device = model.device_
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+    else:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    weights = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+    budget = mem_fraction * total - weights - RESERVE_FRACTION * total
+    if budget <= 0:
+        raise ValueError(f"mem_fraction {mem_fraction} of {total / 2**30:.1f} GiB leaves nothing for the KV cache after "
+                         f"{weights / 2**30:.2f} GiB of weights and a {RESERVE_FRACTION:.0%} reserve; raise it")
+    return budget

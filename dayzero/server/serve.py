@@ -30,18 +30,15 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
     started = time.perf_counter()
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests,
               max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
-              max_model_len=args.max_model_len, seed=args.seed, progress=True)
+              max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, seed=args.seed, progress=True)
     pool = llm.scheduler.kv.pool
     print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} tokens, "
           f"KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
-    if args.mem_fraction is not None:
-        print(f"[dayzero] --mem-fraction {args.mem_fraction} is accepted but not applied: the contiguous runner "
-              "sizes the KV pool for --max-running-requests at full context", file=sys.stderr)
     config = ServerConfig(
         served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
         max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
         extra_info={"host": args.host, "port": args.port, "chunked_prefill_size": args.chunked_prefill_size,
-                    "mem_fraction": args.mem_fraction, "mem_fraction_applied": False, "device": args.device,
+                    "mem_fraction": args.mem_fraction, "device": args.device,
                     "dtype": args.dtype})
     app = create_app(llm, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -148,3 +148,19 @@ def test_generate_cli_streams_the_demo(capsys):
     assert out.endswith("\n") and len(out.strip()) > 0
     assert main(["generate", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_kv_pool_sized_from_a_memory_budget():
+    from dayzero.plan import cache_totals
+
+    llm = LLM(kv_cache_gib=0.01, max_num_seqs=4)
+    per_token, fixed = cache_totals(llm.model.spec, "bf16")
+    per_token, fixed = per_token * 2, fixed * 2  # float32 model: twice the bf16 plan
+    assert llm.scheduler.kv.pool.num_blocks == int((0.01 * 2**30 - 4 * fixed) // (per_token * 16))
+    with pytest.raises(ValueError, match="holds no block"):
+        LLM(kv_cache_gib=1e-6)
+    with pytest.raises(ValueError, match="leaves nothing for the KV cache"):
+        LLM(mem_fraction=0.001)
+    small = LLM(num_kv_blocks=4, block_size=4)  # 16 tokens
+    with pytest.raises(ValueError, match="need 5 KV blocks, the pool has 4"):
+        small.generate([[1, 2, 3]], SamplingParams(max_tokens=15))
