@@ -30,7 +30,7 @@ from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, copy_target, empty_param
-from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.spec import ModelSpec, UnsupportedModelError
@@ -190,15 +190,6 @@ class MLP(nn.Module):
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
-class Router(nn.Module):
-    """`mlp.gate.weight` [E, hidden] and `mlp.gate.e_score_correction_bias` [E], both float32."""
-
-    def __init__(self, num_experts: int, hidden: int, device):
-        super().__init__()
-        self.weight = empty_param((num_experts, hidden), torch.float32, device)
-        self.e_score_correction_bias = empty_param((num_experts,), torch.float32, device)
-
-
 class Experts(nn.Module):
     """Routed experts stacked in ops/moe.py's canonical layout, filled from the per-expert tensors
     `{j}.gate_proj.weight` -> w13[j, :I], `{j}.up_proj.weight` -> w13[j, I:], `{j}.down_proj.weight`
@@ -240,7 +231,7 @@ class MoE(nn.Module):
         super().__init__()
         e = spec.experts
         self.routing = e.routing
-        self.gate = Router(e.num, spec.hidden_size, device)
+        self.gate = BiasedRouter(e.num, spec.hidden_size, device)
         self.experts = Experts(e.format, e.num, spec.hidden_size, e.intermediate_size, dtype, device)
         self.shared_experts = (MLP(fmts, prefix + "shared_experts.", spec.hidden_size, e.shared_intermediate_size, dtype, device)
                                if e.num_shared else None)

@@ -60,7 +60,7 @@ from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, 
                                   empty_param)
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
-from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.ops.k3 import SituActivation
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec, UnsupportedModelError
@@ -228,15 +228,6 @@ class MLP(nn.Module):
         return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
 
 
-class Router(nn.Module):
-    """`gate.weight` [E, hidden] and `gate.e_score_correction_bias` [E], both float32."""
-
-    def __init__(self, num_experts: int, hidden: int, device):
-        super().__init__()
-        self.weight = empty_param((num_experts, hidden), torch.float32, device)
-        self.e_score_correction_bias = empty_param((num_experts,), torch.float32, device)
-
-
 class Experts(nn.Module):
     """Unquantized routed experts stacked in ops/moe.py's canonical layout, filled from the per-expert
     tensors `{j}.w1.weight` (gate) -> w13[j, :I], `{j}.w3.weight` (up) -> w13[j, I:], `{j}.w2.weight`
@@ -272,7 +263,7 @@ class MoE(nn.Module):
         e = spec.experts
         self.routing = e.routing
         self.activation = _expert_activation(activation)
-        self.gate = Router(e.num, spec.hidden_size, device)
+        self.gate = BiasedRouter(e.num, spec.hidden_size, device)
         dim = e.latent_dim or spec.hidden_size
         if e.format == "mxfp4":
             experts = CompressedTensorsMxfp4Experts(e.num, e.intermediate_size, dim, device=device)

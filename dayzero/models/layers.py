@@ -59,3 +59,13 @@ class Embedding(nn.Module):
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         return ops.embedding(token_ids, self.weight)
+
+
+class BiasedRouter(nn.Module):
+    """Router of sigmoid-scored MoE layers (DeepSeek-V3, Kimi Linear): `gate.weight` [E, hidden] and the
+    aux-loss-free selection bias `gate.e_score_correction_bias` [E], both float32."""
+
+    def __init__(self, num_experts: int, hidden: int, device=None):
+        super().__init__()
+        self.weight = empty_param((num_experts, hidden), torch.float32, device)
+        self.e_score_correction_bias = empty_param((num_experts,), torch.float32, device)
