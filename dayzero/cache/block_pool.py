@@ -51,9 +51,9 @@ class BlockPool:
             raise ValueError(f"the KV pool needs at least one block, got num_blocks={num_blocks}")
         self.num_blocks = num_blocks
         self.ref_count = [0] * num_blocks
-        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.block_hash: list[Hashable | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))  # LRU first
-        self._cached: dict[BlockHash, int] = {}
+        self._cached: dict[Hashable, int] = {}
         self.prefix_queries = 0  # blocks looked up
         self.prefix_hits = 0  # blocks found
 
@@ -97,8 +97,9 @@ class BlockPool:
                 self._free[block] = None
 
     # -- prefix cache -----------------------------------------------------------------------------
-    def cache_block(self, block: int, block_hash: BlockHash) -> None:
-        """Make a full, in-use block findable by its content hash (a first writer wins on equal hashes)."""
+    def cache_block(self, block: int, block_hash: Hashable) -> None:
+        """Make a full, in-use block findable by its content hash (a first writer wins on equal hashes).
+        Any hashable key works: the KV manager keys a cache group's blocks by (group, hash)."""
         if self.ref_count[block] <= 0:
             raise RuntimeError(f"block {block} is not in use; only a held block can be cached")
         if self.block_hash[block] is not None or block_hash in self._cached:
@@ -116,11 +117,18 @@ class BlockPool:
             found.append(block)
         self.prefix_queries += len(hashes)
         self.prefix_hits += len(found)
-        for block in found:
-            if self.ref_count[block] == 0:
-                del self._free[block]
-            self.ref_count[block] += 1
-        return found
+        return [self.take(block) for block in found]
+
+    def lookup(self, key: Hashable) -> int | None:
+        """The block cached under `key`, or None; takes nothing."""
+        return self._cached.get(key)
+
+    def take(self, block: int) -> int:
+        """One more reference to a block (a cached free block is revived); returns it."""
+        if self.ref_count[block] == 0:
+            del self._free[block]
+        self.ref_count[block] += 1
+        return block
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash (/flush_cache); refused (False) while any block is in use."""

@@ -1,39 +1,58 @@
-"""Per-request block tables over one BlockPool, with prefix reuse of full blocks.
+"""Per-request block tables over one BlockPool, one table per cache group, with prefix reuse.
 
 Bookkeeping only (plain Python on the CPU); the runner turns block tables into device tensors.
 
+Cache groups. Layers whose caches have the same geometry share a group (`windows[g]`): None for
+full attention (every entry is kept), W for a sliding window of W tokens (only the last W - 1
+entries before the next token are read, so older blocks go back to the pool: `reclaim`). Every group
+draws its blocks from the same pool; block i of a group's table holds that group's entries of tokens
+[i * block_size, (i + 1) * block_size) in every layer of the group.
+
 Invariants
-- A request's block table holds ceil(tokens held / block_size) block ids: block i stores the KV
-  entries of tokens [i * block_size, (i + 1) * block_size). Blocks are taken only by
-  `match_prefix` (shared, already cached) and `allocate_slots` (fresh), and all of them go back
-  to the pool in `free`, tail first.
-- Only full blocks of computed tokens are hashed and registered (`cache_full_blocks`); a block's
-  hash chains its tokens to the block before it (`BlockHash.of`), so a match is always a prefix.
+- A request's table in group g has one entry per block up to ceil(tokens held / block_size); a
+  sliding-window table holds None for the blocks reclaimed from it. Blocks are taken only by
+  `match_prefix` (shared, already cached) and `allocate_slots` (fresh); `reclaim` and `free` give
+  them back (free tail first).
+- Only full blocks of computed tokens are hashed and registered (`cache_full_blocks`), per group; a
+  block's hash chains its tokens to the block before it (`BlockHash.of`), so a match is a prefix.
+- A prefix is reused only where every group can resume from it: full groups need all its blocks,
+  window groups the blocks of its last W - 1 tokens, and a model with recurrent state a snapshot of
+  that state at the prefix's end (`snapshots`, filled by the runner).
 - The manager never changes a Request: the scheduler owns `num_computed_tokens` and status.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
-from dayzero.cache.block_pool import BlockHash, BlockPool, NoFreeBlocksError, chain_hashes
+from dayzero.cache.block_pool import BlockHash, BlockPool
+from dayzero.cache.snapshots import SnapshotCache
 
 if TYPE_CHECKING:
     from dayzero.engine.request import Request
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool = True,
+                 windows: Sequence[int | None] = (None,), snapshots: SnapshotCache | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1 tokens, got {block_size}")
+        if not windows or any(w is not None and w < 1 for w in windows):
+            raise ValueError(f"cache groups need windows of None (full) or >= 1 tokens, got {list(windows)}")
         self.pool = pool
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.block_tables: dict[str, list[int]] = {}
+        self.windows = tuple(windows)
+        self.snapshots = snapshots
+        self.block_tables: dict[str, list[list[int | None]]] = {}  # request -> per group
         self._block_hashes: dict[str, list[BlockHash]] = {}  # hashes of the request's leading full blocks
         self._num_cached_blocks: dict[str, int] = {}  # leading blocks already registered in the pool
 
     # -- state ------------------------------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
     @property
     def usage(self) -> float:
         """Fraction of the pool's blocks held by requests."""
@@ -43,63 +62,117 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
-    def block_table(self, request_id: str) -> list[int]:
-        return self.block_tables.get(request_id, [])
+    def block_table(self, request_id: str, group: int = 0) -> list[int | None]:
+        tables = self.block_tables.get(request_id)
+        return tables[group] if tables else []
+
+    def held_blocks(self, request_id: str) -> list[int]:
+        """Every block the request holds, all groups."""
+        return [b for table in self.block_tables.get(request_id, []) for b in table if b is not None]
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def max_blocks_for(self, num_tokens: int) -> int:
+        """Blocks a request of num_tokens can hold at once, all groups (a one-shot prefill holds a
+        window group's blocks of the whole prompt until the step ends)."""
+        return self.num_blocks_for(num_tokens) * self.num_groups
+
+    def block_hashes(self, req: Request, num_blocks: int) -> list[BlockHash]:
+        """Hashes of the request's first num_blocks full blocks (its known tokens must cover them)."""
+        hashes = self._block_hashes.setdefault(req.request_id, [])
+        bs = self.block_size
+        for i in range(len(hashes), num_blocks):
+            hashes.append(BlockHash.of(hashes[-1] if hashes else None, req.token_ids(i * bs, (i + 1) * bs)))
+        return hashes[:num_blocks]
+
+    def _key(self, group: int, block_hash: BlockHash):
+        return block_hash if group == 0 else (group, block_hash)
+
+    def _window_start(self, group: int, num_tokens: int) -> int:
+        """First block of `group` that a query at position num_tokens still reads."""
+        w = self.windows[group]
+        return 0 if w is None else max(num_tokens - (w - 1), 0) // self.block_size
+
     # -- per request ------------------------------------------------------------------------------
     def match_prefix(self, req: Request) -> int:
-        """Take the cached blocks of the longest hashed prefix of the request's tokens and return how
+        """Take the cached blocks of the longest reusable prefix of the request's tokens and return how
         many tokens they hold (a multiple of block_size). At least one token is always left to
         compute, since a step must produce logits for the last one. Call on a request holding no
         blocks; the caller sets req.num_computed_tokens from the result (or calls `free` to undo)."""
-        if self.block_tables.get(req.request_id):
+        if self.held_blocks(req.request_id):
             raise RuntimeError(f"request {req.request_id!r} already holds blocks; match_prefix is for admission")
-        table = self.block_tables.setdefault(req.request_id, [])
+        self.block_tables[req.request_id] = [[] for _ in self.windows]
         if not self.enable_prefix_caching:
             return 0
-        matchable = (req.num_tokens - 1) // self.block_size * self.block_size
-        hashes = chain_hashes(req.token_ids(0, matchable), self.block_size)
-        found = self.pool.match_prefix(hashes)
-        table.extend(found)
-        self._block_hashes[req.request_id] = hashes[:len(found)]
-        self._num_cached_blocks[req.request_id] = len(found)
-        return len(found) * self.block_size
+        hashes = self.block_hashes(req, (req.num_tokens - 1) // self.block_size)
+        found = len(hashes)
+        for g, w in enumerate(self.windows):
+            if w is None:
+                found = next((i for i, h in enumerate(hashes[:found]) if self.pool.lookup(self._key(g, h)) is None), found)
+        while found and not self._resumable(hashes, found):
+            found -= 1
+        self.pool.prefix_queries += len(hashes)
+        self.pool.prefix_hits += found
+        tables = self.block_tables[req.request_id]
+        for g, table in enumerate(tables):
+            start = self._window_start(g, found * self.block_size)
+            table.extend([None] * start)
+            table.extend(self.pool.take(self.pool.lookup(self._key(g, h))) for h in hashes[start:found])
+        self._num_cached_blocks[req.request_id] = found
+        return found * self.block_size
+
+    def _resumable(self, hashes: list[BlockHash], n: int) -> bool:
+        """Can a request resume after the first n blocks (full groups are checked by the caller)?"""
+        for g, w in enumerate(self.windows):
+            if w is not None and any(self.pool.lookup(self._key(g, h)) is None
+                                     for h in hashes[self._window_start(g, n * self.block_size):n]):
+                return False
+        return self.snapshots is None or hashes[n - 1] in self.snapshots
 
     def allocate_slots(self, req: Request, num_new_tokens: int) -> bool:
-        """Grow the block table so that num_computed_tokens + num_new_tokens tokens fit. All or
-        nothing: False (and no change) when the pool cannot supply the blocks."""
-        table = self.block_tables.setdefault(req.request_id, [])
-        need = self.num_blocks_for(req.num_computed_tokens + num_new_tokens) - len(table)
-        if need <= 0:
-            return True
-        try:
-            table.extend(self.pool.allocate(need))
-        except NoFreeBlocksError:
+        """Grow every group's block table so that num_computed_tokens + num_new_tokens tokens fit. All
+        or nothing: False (and no change) when the pool cannot supply the blocks."""
+        tables = self.block_tables.setdefault(req.request_id, [[] for _ in self.windows])
+        total = self.num_blocks_for(req.num_computed_tokens + num_new_tokens)
+        need = [max(total - len(t), 0) for t in tables]
+        if sum(need) > self.pool.num_free:
             return False
+        for table, n in zip(tables, need):
+            if n:
+                table.extend(self.pool.allocate(n))
         return True
 
     def cache_full_blocks(self, req: Request) -> None:
-        """Hash and register every block that computing up to req.num_computed_tokens has filled."""
-        if not self.enable_prefix_caching:
-            return
+        """Hash and register every block that computing up to req.num_computed_tokens has filled,
+        then give back the window groups' blocks no later token will read."""
         rid = req.request_id
-        table = self.block_tables[rid]
-        hashes = self._block_hashes.setdefault(rid, [])
-        done = self._num_cached_blocks.get(rid, 0)
-        num_full = req.num_computed_tokens // self.block_size
-        bs = self.block_size
-        for i in range(done, num_full):
-            if i == len(hashes):
-                hashes.append(BlockHash.of(hashes[-1] if hashes else None, req.token_ids(i * bs, (i + 1) * bs)))
-            self.pool.cache_block(table[i], hashes[i])
-        self._num_cached_blocks[rid] = max(done, num_full)
+        tables = self.block_tables[rid]
+        if self.enable_prefix_caching:
+            done = self._num_cached_blocks.get(rid, 0)
+            num_full = req.num_computed_tokens // self.block_size
+            hashes = self.block_hashes(req, num_full)
+            for g, table in enumerate(tables):
+                for i in range(done, num_full):
+                    if table[i] is not None:
+                        self.pool.cache_block(table[i], self._key(g, hashes[i]))
+            self._num_cached_blocks[rid] = max(done, num_full)
+        self.reclaim(req)
+
+    def reclaim(self, req: Request) -> None:
+        """Sliding-window groups: blocks that end before the window of the next token go back."""
+        for g, table in enumerate(self.block_tables[req.request_id]):
+            if self.windows[g] is None:
+                continue
+            for i in range(min(self._window_start(g, req.num_computed_tokens), len(table))):
+                if table[i] is not None:
+                    self.pool.release([table[i]])
+                    table[i] = None
 
     def free(self, req: Request) -> None:
         """Give all the request's blocks back, tail first (a prefix's last blocks are evicted first)."""
-        table = self.block_tables.pop(req.request_id, [])
+        tables = self.block_tables.pop(req.request_id, [])
         self._block_hashes.pop(req.request_id, None)
         self._num_cached_blocks.pop(req.request_id, None)
-        self.pool.release(reversed(table))
+        for table in tables:
+            self.pool.release(b for b in reversed(table) if b is not None)

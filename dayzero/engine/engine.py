@@ -20,7 +20,9 @@ import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine.request import Request, RequestStatus
-from dayzero.engine.runner import ContiguousRunner
+from dayzero.cache.paged import PagedKVStorage, probe_layout
+from dayzero.cache.snapshots import SnapshotCache
+from dayzero.engine.runner import ContiguousRunner, PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
 from dayzero.engine.scheduler import Scheduler
 from dayzero.models import CausalLM
@@ -57,19 +59,40 @@ class Engine:
     def __init__(self, model: CausalLM, tokenizer=None, *, eos_token_ids: set[int] = frozenset(),
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
-                 seed: int = 0):
+                 enable_prefix_caching: bool = True, num_state_snapshots: int | None = None, seed: int = 0):
+        """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
+        else room for max_num_seqs requests of max_model_len. Models with paged caches
+        (`model.paged_cache`) keep their KV in the pool (PagedRunner) with prefix caching
+        (enable_prefix_caching) and, if they carry recurrent state, num_state_snapshots saved states
+        (default max_num_seqs) from the same budget; the others run on the ContiguousRunner."""
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = model.spec.vocab_size
         self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
-        if num_kv_blocks is None and kv_cache_bytes is not None:
-            num_kv_blocks = kv_blocks_for_budget(model, kv_cache_bytes, block_size, max_num_seqs)
-        if num_kv_blocks is None:  # room for every sequence at full length
-            num_kv_blocks = max_num_seqs * -(-self.max_model_len // block_size)
-        kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching=False)
+        blocks_per_seq = -(-self.max_model_len // block_size)
+        if model.paged_cache:
+            layout = probe_layout(model)
+            stateful = bool(layout.states)
+            if num_state_snapshots is None:
+                num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0
+            if num_kv_blocks is None and kv_cache_bytes is not None:
+                num_kv_blocks = _blocks_in_budget(kv_cache_bytes, layout.page_bytes(block_size), block_size,
+                                                  layout.state_bytes, max_num_seqs + num_state_snapshots)
+            if num_kv_blocks is None:
+                num_kv_blocks = max_num_seqs * blocks_per_seq * len(layout.windows)
+            snapshots = SnapshotCache(num_state_snapshots) if stateful and enable_prefix_caching else None
+            kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching, layout.windows, snapshots)
+            storage = PagedKVStorage(layout, num_kv_blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
+            self.runner: PagedRunner | ContiguousRunner = PagedRunner(model, kv, storage, snapshots)
+        else:
+            if num_kv_blocks is None and kv_cache_bytes is not None:
+                num_kv_blocks = kv_blocks_for_budget(model, kv_cache_bytes, block_size, max_num_seqs)
+            if num_kv_blocks is None:
+                num_kv_blocks = max_num_seqs * blocks_per_seq
+            kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching=False)
+            self.runner = ContiguousRunner(model)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids)
-        self.runner = ContiguousRunner(model)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
         self.tracks: dict[str, _Track] = {}
 
@@ -96,7 +119,7 @@ class Engine:
             raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context "
                              f"of {self.max_model_len} tokens (max_model_len)")
         kv = self.scheduler.kv
-        need = kv.num_blocks_for(len(ids) + max_tokens - 1)
+        need = kv.max_blocks_for(len(ids) + max_tokens - 1)
         if need > kv.pool.num_blocks:
             raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {max_tokens} need {need} KV blocks, "
                              f"the pool has {kv.pool.num_blocks}; lower max_tokens or give the KV cache more memory")
@@ -192,6 +215,17 @@ def kv_blocks_for_budget(model: CausalLM, kv_cache_bytes: float, block_size: int
             f"a KV cache budget of {kv_cache_bytes / 2**30:.3f} GiB holds no block of {block_size} tokens "
             f"({per_token:.0f} B per token, {fixed / 2**20:.1f} MiB fixed state per request x {max_num_seqs} "
             f"requests); raise --mem-fraction / --kv-cache-gib or lower --max-running-requests")
+    return blocks
+
+
+def _blocks_in_budget(kv_cache_bytes: float, page_bytes: int, block_size: int, state_bytes: int, state_slots: int) -> int:
+    """Blocks of page_bytes that kv_cache_bytes holds after state_slots states of state_bytes."""
+    blocks = int((kv_cache_bytes - state_bytes * state_slots) // page_bytes)
+    if blocks < 1:
+        raise ValueError(
+            f"a KV cache budget of {kv_cache_bytes / 2**30:.3f} GiB holds no block of {block_size} tokens "
+            f"({page_bytes} B per block, {state_bytes / 2**20:.1f} MiB of recurrent state x {state_slots} slots "
+            f"(running requests + snapshots)); raise --mem-fraction / --kv-cache-gib or lower --max-running-requests")
     return blocks
 
 

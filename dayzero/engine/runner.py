@@ -1,20 +1,128 @@
-"""The model runner: executes one scheduled step on the model.
+"""The model runners: execute one scheduled step on the model.
 
-`ContiguousRunner` is the first runner: it keeps one contiguous `KVCache` per request (the models'
-reference cache) and runs each scheduled request's new tokens as one forward of batch 1. It is
-correct for everything the scheduler does (chunked prefill appends to the cache; a preempted
-request's cache is dropped and its tokens recomputed), but it neither batches requests into one
-forward nor stores KV in the block pool's pages: the pool is the memory accounting of the step, not
-its storage. Paged storage and ragged batched steps replace it (docs/engine.md); prefix caching
-needs them, so it is off with this runner.
+`PagedRunner` (every model whose caches are streams and states, dayzero.cache.paged): KV entries
+live in the block pool's pages and each step is at most a few forwards:
+- the **prefill path**: each request that computes several tokens (or its first) runs alone, [1, T],
+  reading its whole cache through its block tables;
+- the **decode path**: every request that computes one token after cached ones runs in one forward
+  [B, 1], each row reading its own blocks (right-aligned, padded rows masked with `kv_lens`).
+Models with recurrent state (KDA) get a state slot per running request; with prefix caching on, the
+runner saves the state whenever a request's computed tokens reach a block boundary (a prefill chunk
+is split there) under that prefix's block hash, and a request admitted with a cached prefix resumes
+from the saved state (dayzero.cache.snapshots).
+
+`ContiguousRunner` keeps one contiguous reference `KVCache` per request and runs each request as a
+forward of batch 1; it serves the models whose caches are not streams yet (DeepSeek-V4's compressor
+windows), without prefix caching.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dayzero.engine.scheduler import SchedulerOutput
+from dayzero.cache import KVCacheManager
+from dayzero.cache.paged import PagedKVStorage, PagedStepCache, build_step
+from dayzero.cache.snapshots import SnapshotCache
+from dayzero.engine.scheduler import ScheduledRequest, SchedulerOutput
 from dayzero.models import CausalLM, KVCache
+
+
+class PagedRunner:
+    def __init__(self, model: CausalLM, kv: KVCacheManager, storage: PagedKVStorage,
+                 snapshots: SnapshotCache | None = None):
+        self.model, self.kv, self.storage, self.snapshots = model, kv, storage, snapshots
+        self.device = model.device_
+        self.stateful = bool(storage.states)
+        self.slots: dict[str, int] = {}  # request -> its state slot
+        self._free_slots = list(range(storage.num_state_slots - 1, -1, -1))
+        self.num_prefill_forwards = 0
+        self.num_decode_forwards = 0
+        self.num_decode_rows = 0
+
+    @torch.no_grad()
+    def execute(self, output: SchedulerOutput) -> dict[str, torch.Tensor]:
+        """Run the step; returns float32 logits [vocab] of the last computed position of every
+        request whose step reaches its last known token (the ones to sample for)."""
+        for rid in output.preempted:
+            self.free(rid)
+        prefills: list[ScheduledRequest] = []
+        decodes: list[ScheduledRequest] = []
+        for s in output.scheduled:  # restore every resumed state before any snapshot of this step
+            rid = s.request.request_id
+            if rid not in self.slots:
+                if not self._free_slots:
+                    raise RuntimeError(f"no state slot for request {rid!r}: more running requests than max_num_seqs")
+                self.slots[rid] = self._free_slots.pop()
+                if s.num_computed_tokens and self.stateful:
+                    self._restore(s)
+            (decodes if s.num_new_tokens == 1 and s.num_computed_tokens else prefills).append(s)
+        logits: dict[str, torch.Tensor] = {}
+        for s in prefills:
+            self._prefill(s, logits)
+        if decodes:
+            self._decode(decodes, logits)
+        return logits
+
+    @property
+    def num_requests(self) -> int:
+        """Requests holding a state slot (running or mid-prefill)."""
+        return len(self.slots)
+
+    def free(self, request_id: str) -> None:
+        slot = self.slots.pop(request_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
+
+    # -- paths ------------------------------------------------------------------------------------
+    def _prefill(self, s: ScheduledRequest, logits: dict) -> None:
+        req, start = s.request, s.num_computed_tokens
+        end = start + s.num_new_tokens
+        bs = self.kv.block_size
+        boundary = end // bs * bs  # the last block boundary the chunk reaches
+        saves = self.stateful and self.snapshots is not None and boundary > start
+        pieces = [(start, boundary), (boundary, end)] if saves and boundary < end else [(start, end)]
+        for a, b in pieces:
+            out = self._forward([s], [a], b - a)
+            self.num_prefill_forwards += 1
+            if saves and b == boundary:
+                self._snapshot(s, boundary)
+        if s.samples:
+            logits[req.request_id] = out[0, -1]
+
+    def _decode(self, batch: list[ScheduledRequest], logits: dict) -> None:
+        out = self._forward(batch, [s.num_computed_tokens for s in batch], 1)
+        self.num_decode_forwards += 1
+        self.num_decode_rows += len(batch)
+        for row, s in enumerate(batch):
+            if s.samples:
+                logits[s.request.request_id] = out[row, -1]
+            done = s.num_computed_tokens + 1
+            if self.stateful and self.snapshots is not None and done % self.kv.block_size == 0:
+                self._snapshot(s, done)
+
+    def _forward(self, batch: list[ScheduledRequest], starts: list[int], num_new: int) -> torch.Tensor:
+        tables = [self.kv.block_tables[s.request.request_id] for s in batch]
+        ctx = build_step(tables, starts, num_new, self.kv.windows, self.kv.block_size,
+                         [self.slots[s.request.request_id] for s in batch], self.device)
+        ids = torch.tensor([s.request.token_ids(a, a + num_new) for s, a in zip(batch, starts)], device=self.device)
+        positions = torch.tensor([list(range(a, a + num_new)) for a in starts], device=self.device)
+        return self.model(ids, positions, PagedStepCache(self.storage, ctx, self.model.spec.num_layers))
+
+    # -- recurrent-state snapshots ----------------------------------------------------------------
+    def _snapshot(self, s: ScheduledRequest, num_tokens: int) -> None:
+        """Save the request's state after its first num_tokens tokens (a block boundary)."""
+        block_hash = self.kv.block_hashes(s.request, num_tokens // self.kv.block_size)[-1]
+        slot = self.snapshots.insert(block_hash)
+        if slot is not None:
+            self.storage.copy_state(self.slots[s.request.request_id], self.storage.num_state_slots + slot)
+
+    def _restore(self, s: ScheduledRequest) -> None:
+        block_hash = self.kv.block_hashes(s.request, s.num_computed_tokens // self.kv.block_size)[-1]
+        slot = None if self.snapshots is None else self.snapshots.lookup(block_hash)
+        if slot is None:
+            raise RuntimeError(f"request {s.request.request_id!r} resumes at token {s.num_computed_tokens} but no "
+                               f"state snapshot exists there; the KV manager must only match snapshotted prefixes")
+        self.storage.copy_state(self.storage.num_state_slots + slot, self.slots[s.request.request_id])
 
 
 class ContiguousRunner:
@@ -25,8 +133,7 @@ class ContiguousRunner:
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput) -> dict[str, torch.Tensor]:
-        """Run the step; returns float32 logits [vocab] of the last computed position of every
-        request whose step reaches its last known token (the ones to sample for)."""
+        """As PagedRunner.execute, one contiguous cache and one forward per request."""
         for rid in output.preempted:
             self.caches.pop(rid, None)
         logits: dict[str, torch.Tensor] = {}
@@ -44,6 +151,10 @@ class ContiguousRunner:
             if s.samples:
                 logits[req.request_id] = out[0, -1]
         return logits
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.caches)
 
     def free(self, request_id: str) -> None:
         self.caches.pop(request_id, None)

@@ -110,7 +110,7 @@ class Scheduler:
             raise ValueError(f"request {rid!r} must be new (WAITING, nothing computed or generated)")
         # KV entries it needs at most: every token but the last generated one.
         max_tokens = req.sampling_params.max_tokens or 1
-        need = self.kv.num_blocks_for(req.num_prompt_tokens + max_tokens - 1)
+        need = self.kv.max_blocks_for(req.num_prompt_tokens + max_tokens - 1)
         pool = self.kv.pool.num_blocks
         if need > pool:
             raise ValueError(

@@ -78,14 +78,31 @@ class KVCache:
         self.length = 0
 
 
-def cache_append(layer_cache: dict | None, name: str, new: torch.Tensor) -> torch.Tensor:
-    """Append this step's entries [B, T, ...] to layer_cache[name] along the token dim and return
-    all entries so far; without a cache (one full forward) just the new ones."""
+def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Append this step's entries [B, T, ...] to the layer's stream `name` and return the entries
+    attention reads [B, S, ...] (the last T are the new ones); without a cache (one full forward)
+    just the new ones. `window` W marks a sliding-window stream: only the last W - 1 entries before
+    the new ones must be kept (older ones may still be returned; attention masks them).
+
+    `layer_cache` is a dict (the reference cache, one contiguous tensor per stream) or a paged view
+    (dayzero.cache.paged), which stores entries in the block pool's pages and returns every row of a
+    batch right-aligned, padded on the left; `cache_lens` then gives each row's real length."""
     if layer_cache is None:
         return new
+    if not isinstance(layer_cache, dict):
+        return layer_cache.append(name, new, window)
     full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
-    layer_cache[name] = full
+    keep = full.shape[1] if window is None else min(full.shape[1], window - 1)
+    layer_cache[name] = full[:, full.shape[1] - keep:]
     return full
+
+
+def cache_lens(layer_cache, name: str) -> torch.Tensor | None:
+    """int [B]: how many of the entries `cache_append` returned for `name` are real in each row
+    (right-aligned), or None when no row is padded. Attention ops take it as `kv_lens`."""
+    if layer_cache is None or isinstance(layer_cache, dict):
+        return None
+    return layer_cache.lens(name)
 
 
 class CausalLM(nn.Module):
@@ -94,6 +111,9 @@ class CausalLM(nn.Module):
     model_types: ClassVar[tuple[str, ...]] = ()
     # Checkpoint tensors the model does not use and the loader skips (regexes, re.search), e.g. MTP layers.
     ignore_unexpected: ClassVar[tuple[str, ...]] = ()
+    # The layers cache only through cache_append streams and per-request states (dayzero.cache.paged),
+    # so the engine can keep them in the block pool; False: the engine's contiguous runner.
+    paged_cache: ClassVar[bool] = True
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__()

@@ -29,7 +29,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, copy_target, empty_param
+from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, cache_lens, copy_target, empty_param
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -99,14 +99,15 @@ class Indexer(nn.Module):
         k = ops.layer_norm(self.wk(x), self.k_norm.weight, self.k_norm.bias, INDEXER_NORM_EPS)
         return self._rotate(k.reshape(b * t, -1), cos, sin).view(b, t, -1)
 
-    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys: torch.Tensor, cos, sin) -> torch.Tensor:
+    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys: torch.Tensor, cos, sin,
+               kv_lens: torch.Tensor | None = None) -> torch.Tensor:
         """Top-k key indices [B, T, topk] (-1 padded) for the T queries over all cached `keys`."""
         b, t, _ = x.shape
         q = self.wq_b(q_latent).view(b * t, self.heads, self.head_dim)
         q = self._rotate(q, cos, sin).view(b, t, self.heads, self.head_dim)
         weights = self.weights_proj(x.float()) * self.heads**-0.5
         scores = ops.lightning_indexer(q, keys, weights, self.head_dim**-0.5)
-        return ops.topk_select(scores, self.topk)
+        return ops.topk_select(scores, self.topk, kv_lens)
 
 
 class MLAttention(nn.Module):
@@ -158,13 +159,14 @@ class MLAttention(nn.Module):
         latent = cache_append(layer_cache, "kv_latent", latent)
         k_pe = cache_append(layer_cache, "k_pe", k_pe.view(b, t, self.rope_dim))
 
+        kv_lens = cache_lens(layer_cache, "kv_latent")
         if self.indexer is not None:
             index_keys = cache_append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
             if latent.shape[1] > self.indexer.topk:
-                selected = self.indexer.select(x, q_latent, index_keys, cos, sin)
+                selected = self.indexer.select(x, q_latent, index_keys, cos, sin, kv_lens)
                 out = ops.sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, selected)
                 return self.o_proj(out.reshape(b, t, -1))
-        out = ops.mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale)
+        out = ops.mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, kv_lens)
         return self.o_proj(out.reshape(b, t, -1))
 
 

@@ -359,6 +359,7 @@ def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
 @register_model
 class DeepseekV4ForCausalLM(CausalLM):
     model_types = ("deepseek_v4",)
+    paged_cache = False  # its compressor windows and entries are not cache streams yet (docs/engine.md)
     ignore_unexpected = (r"^mtp\.",)
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):

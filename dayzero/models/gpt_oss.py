@@ -27,7 +27,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.mxfp4 import BLOCK_SIZE
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, empty_param
+from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, cache_lens, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config
 from dayzero.ops.attention_gqa import gqa_attention
@@ -118,8 +118,8 @@ class GptOssMLP(nn.Module):
 
 
 class GptOssAttention(nn.Module):
-    """Cache entry per layer: "k", "v" [B, S, kv_heads, head_dim], rotated keys of the last S
-    positions; a sliding layer keeps only the window - 1 keys the next token can still see."""
+    """Cache streams per layer: "k", "v" [B, S, kv_heads, head_dim], rotated keys and values; a
+    sliding layer's streams are windowed (only the window - 1 keys the next token can see are kept)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, window: int | None, dtype, device):
         super().__init__()
@@ -136,12 +136,9 @@ class GptOssAttention(nn.Module):
         k = ops.rope(self.k_proj(x).reshape(b * t, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
         q, k = q.reshape(b, t, self.heads, -1), k.reshape(b, t, self.kv_heads, -1)
         v = self.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim)
-        if cache is not None:
-            if "k" in cache:
-                k, v = torch.cat((cache["k"], k), dim=1), torch.cat((cache["v"], v), dim=1)
-            keep = k.shape[1] if self.window is None else min(k.shape[1], self.window - 1)
-            cache["k"], cache["v"] = k[:, k.shape[1] - keep:], v[:, v.shape[1] - keep:]
-        out = gqa_attention(q, k, v, self.head_dim ** -0.5, self.window, self.sinks)
+        k = cache_append(cache, "k", k, self.window)
+        v = cache_append(cache, "v", v, self.window)
+        out = gqa_attention(q, k, v, self.head_dim ** -0.5, self.window, self.sinks, cache_lens(cache, "k"))
         return self.o_proj(out.reshape(b, t, -1))
 
 

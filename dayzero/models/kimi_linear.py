@@ -56,8 +56,8 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, collect_weight_targets, copy_target,
-                                  empty_param)
+from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, cache_lens, collect_weight_targets,
+                                  copy_target, empty_param)
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
@@ -193,7 +193,8 @@ class MLAttention(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         latent = cache_append(layer_cache, "kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
         k_pe = cache_append(layer_cache, "k_pe", kv[..., self.rank:])  # NoPE: the shared key dims stay unrotated
-        out = ops.mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv, self.scale)
+        out = ops.mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv, self.scale,
+                                cache_lens(layer_cache, "kv_latent"))
         out = out.reshape(b, t, -1)
         if self.g_proj is not None:
             out = self.g_proj(out, x)

@@ -10,6 +10,13 @@ import torch
 from dayzero.ops.registry import reference_op
 
 
+def padding_mask(kv_lens: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """bool [B, S]: True for the real keys of right-aligned rows of kv_lens[b] keys each."""
+    if kv_lens.dim() != 1 or int(kv_lens.max()) > num_keys or int(kv_lens.min()) < 0:
+        raise ValueError(f"kv_lens must be [batch] counts in [0, {num_keys}], got {kv_lens.tolist()}")
+    return torch.arange(num_keys, device=kv_lens.device)[None, :] >= (num_keys - kv_lens)[:, None]
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sliding_window: int | None, sinks: torch.Tensor | None) -> None:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
@@ -42,6 +49,7 @@ def gqa_attention(
     scale: float,
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
+    kv_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(q k^T * scale) v with grouped kv heads; returns [B, T, Hq, Dv] in q.dtype.
 
@@ -53,6 +61,8 @@ def gqa_attention(
     itself included, as transformers' sliding-window mask).
     sinks: float [Hq], one learned logit per head joined to each query's scores before the
     softmax and dropped after it (gpt-oss): it takes probability mass and adds nothing to the output.
+    kv_lens: optional int [B], a batch of sequences of different lengths (a paged decode step):
+    row b's keys are its last kv_lens[b] (right-aligned); the keys before them are padding.
     Scores, softmax and the weighted sum are computed in float32.
     """
     _check(q, k, v, sliding_window, sinks)
@@ -67,7 +77,10 @@ def gqa_attention(
     visible = key_index <= query_index
     if sliding_window is not None:
         visible &= query_index - key_index < sliding_window
-    scores = scores.masked_fill(~visible, float("-inf"))
+    visible = visible.expand(b, t, s)
+    if kv_lens is not None:
+        visible = visible & padding_mask(kv_lens, s)[:, None, :]
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
 
     if sinks is not None:
         sink = sinks.float().reshape(1, hkv, group, 1, 1).expand(b, hkv, group, t, 1)

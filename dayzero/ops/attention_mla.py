@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from dayzero.ops.attention_gqa import padding_mask
 from dayzero.ops.registry import reference_op
 
 
@@ -66,6 +67,7 @@ def mla_attention(
     w_uk: torch.Tensor,
     w_uv: torch.Tensor,
     scale: float,
+    kv_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal MLA over every cached key, absorbed form (module docstring).
 
@@ -78,6 +80,8 @@ def mla_attention(
         raise ValueError(f"mla_attention: {s} keys cannot hold the {t} queries' own keys (need keys >= tokens)")
     rows = torch.arange(t, device=q_nope.device)[:, None] + (s - t)
     visible = (torch.arange(s, device=q_nope.device)[None, :] <= rows).expand(q_nope.shape[0], t, s)
+    if kv_lens is not None:
+        visible = visible & padding_mask(kv_lens, s)[:, None, :]
     return _absorbed(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, visible, "sc")
 
 

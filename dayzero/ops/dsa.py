@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from dayzero.ops.attention_gqa import padding_mask
 from dayzero.ops.registry import reference_op
 
 
@@ -41,10 +42,12 @@ def lightning_indexer(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, s
 
 
 @reference_op("topk_select")
-def topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
+def topk_select(scores: torch.Tensor, k: int, kv_lens: torch.Tensor | None = None) -> torch.Tensor:
     """The k best-scoring visible keys of each query, causally: scores [B, T, S] float, where the T
     queries are the last T of the S keys (query t sees keys s <= S - T + t).
 
+    kv_lens: optional int [B], right-aligned rows of different lengths (see gqa_attention): the
+    padding keys before a row's last kv_lens[b] are never selected.
     Returns int64 [B, T, k]: key indices in descending score order (ties in torch.topk's order),
     padded with -1 where a query sees fewer than k keys."""
     if scores.dim() != 3:
@@ -56,6 +59,8 @@ def topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"topk_select: k must be positive, got {k}")
     rows = torch.arange(t, device=scores.device)[:, None] + (s - t)
     hidden = torch.arange(s, device=scores.device)[None, :] > rows
+    if kv_lens is not None:
+        hidden = hidden | ~padding_mask(kv_lens, s)[:, None, :]
     masked = scores.float().masked_fill(hidden, float("-inf"))
     values, indices = masked.topk(min(k, s), dim=-1)
     indices = indices.masked_fill(values == float("-inf"), -1)

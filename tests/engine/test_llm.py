@@ -57,7 +57,7 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 def _assert_pool_free(llm):
     pool = llm.scheduler.kv.pool
-    assert pool.num_free == pool.num_blocks and not llm.runner.caches and not llm.engine.tracks
+    assert pool.num_free == pool.num_blocks and not llm.runner.num_requests and not llm.engine.tracks
 
 
 def test_a_batch_of_16_prompts_matches_transformers_alone(family):
@@ -73,8 +73,10 @@ def test_chunked_prefill_and_preemption_give_the_same_tokens(family):
     name, path, prompts, expected = family
     # a 16-token budget splits every long prompt; a pool of 4-token blocks that holds the longest
     # sequence alone forces preemptions while several run
+    # (per cache group: gpt-oss has a full and a sliding-window group)
     longest = max(len(p) for p in prompts) + NEW_TOKENS
-    llm = LLM(path, dtype="float32", max_num_batched_tokens=16, block_size=4, num_kv_blocks=-(-longest // 4) + 1)
+    groups = 2 if name == "gpt_oss" else 1
+    llm = LLM(path, dtype="float32", max_num_batched_tokens=16, block_size=4, num_kv_blocks=(-(-longest // 4) + 1) * groups)
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert llm.scheduler.num_preemptions > 0
@@ -164,3 +166,40 @@ def test_kv_pool_sized_from_a_memory_budget():
     small = LLM(num_kv_blocks=4, block_size=4)  # 16 tokens
     with pytest.raises(ValueError, match="need 5 KV blocks, the pool has 4"):
         small.generate([[1, 2, 3]], SamplingParams(max_tokens=15))
+
+
+PAGED = ["deepseek_v3", "deepseek_v32", "gpt_oss", "kimi_linear"]
+
+
+@pytest.mark.parametrize("name", PAGED)
+def test_second_turn_reuses_the_first_and_computes_only_new_tokens(name, tmp_path):
+    path = FAMILIES[name][0](tmp_path)
+    warm = LLM(path, dtype="float32")  # prefix caching on (default), block_size 16
+    cold = LLM(path, dtype="float32", enable_prefix_caching=False)
+    first = _prompts(warm.vocab_size, [70], seed=1)[0]
+    out1 = warm.generate([first], GREEDY)[0].token_ids
+    assert out1 == cold.generate([first], GREEDY)[0].token_ids
+    # turn 2: the whole first turn (prompt + answer) and a new user message
+    second = first + out1 + _prompts(warm.vocab_size, [9], seed=2)[0]
+    sched = warm.scheduler
+    computed, cached = sched.num_computed_tokens_total, sched.num_prefix_cached_tokens
+    out2 = warm.generate([second], GREEDY)[0].token_ids
+    assert out2 == cold.generate([second], GREEDY)[0].token_ids
+    # turn 1 computed 70 + 5 tokens (the last answer token is never an input): 4 full blocks of 16
+    # hashed; KDA resumes from the state saved at the last block boundary it passed (64)
+    reused = sched.num_prefix_cached_tokens - cached
+    assert reused == 64
+    assert sched.num_computed_tokens_total - computed == len(second) - reused + NEW_TOKENS - 1
+    if name == "kimi_linear":
+        assert warm.runner.snapshots.restored == 1
+    _assert_pool_free(warm)
+    _assert_pool_free(cold)
+
+
+def test_decode_steps_run_as_one_batched_forward(tmp_path):
+    llm = LLM(build_kimi_linear_checkpoint(tmp_path), dtype="float32")
+    llm.generate(_prompts(llm.vocab_size, [5, 9, 20, 33]), GREEDY)
+    runner = llm.runner
+    assert runner.num_decode_forwards == NEW_TOKENS - 1  # all four requests decode together
+    assert runner.num_decode_rows == 4 * (NEW_TOKENS - 1)
+    _assert_pool_free(llm)

@@ -25,8 +25,8 @@ def _request(rid, prompt, max_tokens=4, **params) -> Request:
 def _check_invariants(s: Scheduler):
     pool, kv = s.kv.pool, s.kv
     holders = [0] * pool.num_blocks
-    for table in kv.block_tables.values():
-        for b in table:
+    for rid in kv.block_tables:
+        for b in kv.held_blocks(rid):
             holders[b] += 1
     assert holders == pool.ref_count  # every reference is a block-table entry
     assert len(s.running) <= s.max_num_seqs

@@ -1,0 +1,270 @@
+"""Paged KV storage: the device memory the block pool's ids index, and the views models write through.
+
+Layout
+- A model's cache is a set of *streams* (per layer and name: "kv_latent", "k_pe", "index_k", "k",
+  "v", ...; one entry per token, entry shape and dtype fixed) and *states* (per layer and name: KDA
+  "conv_q" ... and "recurrent"; one fixed-size tensor per request). `probe_layout` finds them by
+  running the model once on one token with a recording cache, so model files declare nothing.
+- Streams of equal window (None = full attention, W = sliding window) form a cache group
+  (dayzero.cache.kv_manager). All groups share one arena of `num_blocks` pages of `page_bytes`
+  (the largest group's bytes per block; a smaller group leaves the rest of its pages unused). In
+  the page of block id b, group g's stream s occupies bytes [offset(g, s), + block_size x entry
+  bytes): `stream(layer, name)` is a view [num_blocks, block_size, *entry_shape] of the arena.
+- States live in `num_state_slots` request slots followed by `num_snapshots` snapshot slots:
+  `state(layer, name)` is [num_state_slots + num_snapshots, *shape].
+
+A step (`StepContext`, built by the runner) carries per group the slots the new entries go to and
+the slots each row reads, right-aligned and padded on the left with the row's first entry (so the
+padding holds finite values; attention masks it with `kv_lens`), plus each row's state slot. Models
+see only `cache.layers[i]`, a `PagedLayerView`: `append(name, new)` writes and gathers,
+`lens(name)` gives the rows' lengths, `view[name]` / `view[name] = x` read and write states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from dayzero.models.base import CausalLM
+
+ALIGN = 16  # bytes; every stream starts at a multiple of this in a page
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    layer: int
+    name: str
+    shape: tuple[int, ...]  # one entry
+    dtype: torch.dtype
+    window: int | None  # None: full attention; W: only the last W - 1 entries are read again
+
+    @property
+    def entry_bytes(self) -> int:
+        return torch.Size(self.shape).numel() * torch.tensor([], dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    layer: int
+    name: str
+    shape: tuple[int, ...]  # one request's state
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return torch.Size(self.shape).numel() * torch.tensor([], dtype=self.dtype).element_size()
+
+
+@dataclass
+class CacheLayout:
+    streams: list[StreamSpec]
+    states: list[StateSpec]
+
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """The cache groups, full attention first."""
+        ws = {s.window for s in self.streams}
+        return tuple(sorted(ws, key=lambda w: (w is not None, w or 0))) or (None,)
+
+    def group_of(self, stream: StreamSpec) -> int:
+        return self.windows.index(stream.window)
+
+    def page_bytes(self, block_size: int) -> int:
+        """Bytes one block id holds: the largest group's streams, each aligned."""
+        per_group = [0] * len(self.windows)
+        for s in self.streams:
+            per_group[self.group_of(s)] += _aligned(block_size * s.entry_bytes)
+        return max(per_group)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one request's (or one snapshot's) state."""
+        return sum(s.nbytes for s in self.states)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+class _ProbeLayer:
+    """Records what a layer caches, computing as the reference dict cache does."""
+
+    def __init__(self, layer: int, layout: CacheLayout):
+        self.layer, self.layout, self.values = layer, layout, {}
+
+    def append(self, name, new, window=None):
+        self.layout.streams.append(StreamSpec(self.layer, name, tuple(new.shape[2:]), new.dtype, window))
+        return new
+
+    def lens(self, name):
+        return None
+
+    def get(self, name, default=None):
+        return self.values.get(name, default)
+
+    def __contains__(self, name):
+        return name in self.values
+
+    def __getitem__(self, name):
+        return self.values[name]
+
+    def __setitem__(self, name, value):
+        if name not in self.values:
+            self.layout.states.append(StateSpec(self.layer, name, tuple(value.shape[1:]), value.dtype))
+        self.values[name] = value
+
+
+class _ProbeCache:
+    def __init__(self, num_layers: int, layout: CacheLayout):
+        self.layers = [_ProbeLayer(i, layout) for i in range(num_layers)]
+        self.batch, self.length = 1, 0
+
+
+@torch.no_grad()
+def probe_layout(model: CausalLM) -> CacheLayout:
+    """What the model caches, from one forward of one token (the entries' shapes do not depend on
+    the tokens)."""
+    layout = CacheLayout([], [])
+    ids = torch.zeros((1, 1), dtype=torch.long, device=model.device_)
+    model(ids, torch.zeros_like(ids), _ProbeCache(model.spec.num_layers, layout))
+    return layout
+
+
+class PagedKVStorage:
+    """The arena and the state slots (module docstring). Zero-filled: unread memory is finite."""
+
+    def __init__(self, layout: CacheLayout, num_blocks: int, block_size: int, num_state_slots: int,
+                 num_snapshots: int, device: torch.device):
+        self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
+        self.page_bytes = layout.page_bytes(block_size)
+        self.arena = torch.zeros((num_blocks, self.page_bytes), dtype=torch.uint8, device=device)
+        self.group: dict[tuple[int, str], int] = {}
+        self.streams: dict[tuple[int, str], torch.Tensor] = {}
+        offsets = [0] * len(layout.windows)
+        for s in layout.streams:
+            g = layout.group_of(s)
+            n = block_size * s.entry_bytes
+            raw = self.arena[:, offsets[g]:offsets[g] + n]
+            self.streams[s.layer, s.name] = raw.view(s.dtype).view(num_blocks, block_size, *s.shape)
+            self.group[s.layer, s.name] = g
+            offsets[g] += _aligned(n)
+        self.num_state_slots, self.num_snapshots = num_state_slots, num_snapshots
+        slots = num_state_slots + num_snapshots
+        self.states = {(s.layer, s.name): torch.zeros((slots, *s.shape), dtype=s.dtype, device=device)
+                       for s in layout.states}
+
+    @property
+    def nbytes(self) -> int:
+        return self.arena.numel() + sum(t.numel() * t.element_size() for t in self.states.values())
+
+    def copy_state(self, src: int, dst: int) -> None:
+        """Copy every state tensor's slot src into slot dst (snapshot save and restore)."""
+        for t in self.states.values():
+            t[dst].copy_(t[src])
+
+
+@dataclass
+class GroupStep:
+    """One cache group's part of a step: where the B x T new entries go, and what each row reads."""
+
+    write_blocks: torch.Tensor  # long [B * T]
+    write_offsets: torch.Tensor  # long [B * T]
+    read_blocks: torch.Tensor  # long [B, S]
+    read_offsets: torch.Tensor  # long [B, S]
+    lens: torch.Tensor | None  # long [B]: real entries per row (right-aligned), None when no row is padded
+
+
+@dataclass
+class StepContext:
+    """Everything a forward needs to read and write the paged cache; models never see its insides."""
+
+    groups: list[GroupStep]
+    state_slots: torch.Tensor  # long [B]
+    fresh: bool  # the rows have no state yet (a prefill from token 0): states read as absent
+    batch: int
+    stats: dict = field(default_factory=dict)
+
+
+def build_step(tables: list[list[list[int | None]]], starts: list[int], num_new: int, windows: tuple[int | None, ...],
+               block_size: int, state_slots: list[int], device) -> StepContext:
+    """The StepContext of B rows that each compute num_new tokens from position starts[b], with
+    block tables tables[b][group] (None entries: reclaimed blocks, never read)."""
+    groups = []
+    for g, window in enumerate(windows):
+        wb, wo, reads = [], [], []
+        for table, start in zip(tables, starts):
+            end = start + num_new
+            for p in range(start, end):
+                wb.append(table[g][p // block_size])
+                wo.append(p % block_size)
+            lo = 0 if window is None else max(start - (window - 1), 0)
+            reads.append(range(lo, end))
+        width = max(len(r) for r in reads)
+        rb, ro, lens = [], [], []
+        for table, r in zip(tables, reads):
+            pad = [r[0]] * (width - len(r))
+            positions = pad + list(r)
+            rb.append([table[g][p // block_size] for p in positions])
+            ro.append([p % block_size for p in positions])
+            lens.append(len(r))
+        padded = any(n != width for n in lens)
+        groups.append(GroupStep(
+            torch.tensor(wb, dtype=torch.long, device=device), torch.tensor(wo, dtype=torch.long, device=device),
+            torch.tensor(rb, dtype=torch.long, device=device), torch.tensor(ro, dtype=torch.long, device=device),
+            torch.tensor(lens, dtype=torch.long, device=device) if padded else None))
+    fresh = all(s == 0 for s in starts)
+    return StepContext(groups, torch.tensor(state_slots, dtype=torch.long, device=device), fresh, len(tables))
+
+
+class PagedLayerView:
+    """What a layer sees of the paged cache during one step (module docstring)."""
+
+    def __init__(self, storage: PagedKVStorage, ctx: StepContext, layer: int):
+        self.storage, self.ctx, self.layer = storage, ctx, layer
+
+    def _group(self, name: str) -> GroupStep:
+        key = (self.layer, name)
+        if key not in self.storage.group:
+            raise KeyError(f"layer {self.layer} has no cache stream {name!r} (not seen when the layout was probed)")
+        return self.ctx.groups[self.storage.group[key]]
+
+    def append(self, name: str, new: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        pages = self.storage.streams[self.layer, name]
+        step = self._group(name)
+        pages[step.write_blocks, step.write_offsets] = new.reshape(-1, *new.shape[2:]).to(pages.dtype)
+        return pages[step.read_blocks, step.read_offsets]
+
+    def lens(self, name: str) -> torch.Tensor | None:
+        return self._group(name).lens
+
+    def get(self, name: str, default=None):
+        if self.ctx.fresh or (self.layer, name) not in self.storage.states:
+            return default
+        return self.storage.states[self.layer, name][self.ctx.state_slots]
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        value = self.get(name)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        key = (self.layer, name)
+        if key not in self.storage.states:
+            raise KeyError(f"layer {self.layer} has no state {name!r} (not seen when the layout was probed)")
+        self.storage.states[key][self.ctx.state_slots] = value.to(self.storage.states[key].dtype)
+
+
+class PagedStepCache:
+    """The `cache` argument of one paged forward: `layers[i]` are the views."""
+
+    def __init__(self, storage: PagedKVStorage, ctx: StepContext, num_layers: int):
+        self.layers = [PagedLayerView(storage, ctx, i) for i in range(num_layers)]
+        self.batch, self.length = ctx.batch, 0
