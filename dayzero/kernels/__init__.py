@@ -10,11 +10,14 @@ does not handle, which then falls to the reference. See docs/kernels.md.
     moe_mxfp4     moe_experts_mxfp4 "triton" (path A)
     moe_bf16      moe_experts_bf16 "triton" (path C)
     moe_checks    the argument checks (plain PyTorch) and the `supports` predicates
+    routing       top-k routing: softmax, sigmoid + bias + group limit, sqrtsoftplus, hash (checks inside;
+                  its `supports` predicates import it, and Triton, at the first CUDA call)
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 
 import torch
@@ -50,3 +53,19 @@ REGISTRY.register_kernel("moe_experts_mxfp4", moe_experts_mxfp4, backend="triton
                          priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_mxfp4)
 REGISTRY.register_kernel("moe_experts_bf16", moe_experts_bf16, backend="triton", devices=["cuda"],
                          priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_bf16)
+
+
+def _routing(name: str):
+    """dayzero.kernels.routing.<name>, imported (with Triton) at the first call."""
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module("dayzero.kernels.routing"), name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+for _op, _supports in (("route_softmax_topk", "supports_softmax"), ("route_sigmoid_grouped", "supports_sigmoid_grouped"),
+                       ("route_sqrtsoftplus", "supports_sqrtsoftplus"), ("route_hash", "supports_hash")):
+    REGISTRY.register_kernel(_op, _routing(_op), backend="triton", devices=["cuda"], priority=TRITON_PRIORITY,
+                             available=triton_cuda_available, supports=_routing(_supports))
