@@ -92,6 +92,30 @@ def check_bf16_call(x, topk_ids, topk_weights, experts: ExpertWeights, activatio
     check_biases(op, experts, E, inter, H, x.device)
 
 
+def check_fp8_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation: Activation) -> None:
+    """moe_experts_fp8 (FP8 GEMM): float8_e4m3fn w13 [E, 2I, H] / w2 [E, H, I] with float32 128x128
+    block scales [E, ceil(N/128), ceil(K/128)]; hidden and intermediate multiples of 16 (row alignment)."""
+    op = "moe_experts_fp8[triton]"
+    check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
+    if experts.format != "fp8":
+        raise ValueError(f"{op}: experts.format must be 'fp8', got {experts.format!r}")
+    w13 = experts.w13
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2:
+        raise ValueError(f"{op}: experts.w13 must be float8_e4m3fn [E, 2I, H], got {getattr(w13, 'shape', w13)}")
+    E, inter, H = w13.shape[0], w13.shape[1] // 2, x.shape[1]
+    if H % 16 or inter % 16:
+        raise ValueError(f"{op}: hidden ({H}) and intermediate ({inter}) must be multiples of 16 (row alignment)")
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
+    fp8 = (torch.float8_e4m3fn,)
+    check_tensor(op, "experts.w13", w13, (E, 2 * inter, H), fp8, x.device)
+    check_tensor(op, "experts.w13_scale", experts.w13_scale, (E, cdiv(2 * inter, 128), cdiv(H, 128)),
+                 (torch.float32,), x.device)
+    check_tensor(op, "experts.w2", experts.w2, (E, H, inter), fp8, x.device)
+    check_tensor(op, "experts.w2_scale", experts.w2_scale, (E, cdiv(H, 128), cdiv(inter, 128)), (torch.float32,),
+                 x.device)
+    check_biases(op, experts, E, inter, H, x.device)
+
+
 def _supports(check):
     def supports(x, topk_ids, topk_weights, experts, activation) -> bool:
         if not isinstance(x, torch.Tensor) or not x.is_cuda:
@@ -108,3 +132,4 @@ def _supports(check):
 
 supports_mxfp4 = _supports(check_mxfp4_call)
 supports_bf16 = _supports(check_bf16_call)
+supports_fp8 = _supports(check_fp8_call)

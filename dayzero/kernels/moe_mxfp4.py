@@ -1,11 +1,23 @@
-"""Path A: routed experts in canonical MXFP4, fused grouped GEMM in Triton (moe_experts_mxfp4, "triton").
+"""moe_experts_mxfp4 "triton": routed experts in canonical MXFP4, path A or path B chosen per call.
 
-The packed E2M1 codes and E8M0 scales are read straight from the canonical layout and upcast to bf16
-in registers (moe_gemm's docstring has the bit manipulation); activations are bf16, accumulation
-float32. Weight bytes read per active expert: 0.53125 per parameter (values + scales).
+Path A (`moe_experts_mxfp4_fused`): the packed E2M1 codes and E8M0 scales are read straight from the
+canonical layout and upcast to bf16 in registers (moe_gemm's docstring has the bit manipulation);
+activations bf16, accumulation float32; 0.53125 weight bytes read per parameter of an active expert.
+No host synchronisation: the decode path, captured in CUDA graphs.
+Path B (moe_fp8.moe_experts_mxfp4_fp8): the active experts converted to FP8 into the cross-layer
+workspace (reused across calls and layers until evicted), FP8 GEMM on the tensor cores; one host
+synchronisation per call: the prefill path.
+
+Selection (`select_path`), per call: DAYZERO_MOE_PATH = auto (default) | a | b, or the `path` argument.
+auto picks B when the call has at least DAYZERO_MOE_B_MIN_TOKENS tokens (default
+DEFAULT_B_MIN_TOKENS), the workspace can hold min(experts, tokens * top_k) experts (the most a call
+can activate) and no CUDA graph is being captured; else A. Forcing "b" with a workspace too small for
+the call's active experts raises ValueError naming the workspace setting.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -13,10 +25,63 @@ from dayzero.formats import mxfp4
 from dayzero.kernels.moe_checks import check_mxfp4_call
 from dayzero.kernels.moe_gemm import moe_layer
 
+PATH_ENV = "DAYZERO_MOE_PATH"
+B_MIN_TOKENS_ENV = "DAYZERO_MOE_B_MIN_TOKENS"
+PATHS = ("auto", "a", "b")
+# Tokens per call from which auto picks path B. To be set from the H200 measurements of bench/moe.py
+# (--paths A B): the smallest token count at which B, cold workspace, beats A on both model shapes.
+DEFAULT_B_MIN_TOKENS = 1024
 
-def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, configs=None) -> torch.Tensor:
+
+def _setting_path() -> str:
+    path = os.environ.get(PATH_ENV, "auto").lower()
+    if path not in PATHS:
+        raise ValueError(f"{PATH_ENV} must be one of {', '.join(PATHS)}, got {path!r}")
+    return path
+
+
+def b_min_tokens() -> int:
+    raw = os.environ.get(B_MIN_TOKENS_ENV)
+    if raw is None:
+        return DEFAULT_B_MIN_TOKENS
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{B_MIN_TOKENS_ENV} must be a whole number of tokens, got {raw!r}") from None
+
+
+def select_path(x: torch.Tensor, topk_ids: torch.Tensor, experts, path: str | None = None) -> str:
+    """"a" or "b" for this call (module docstring)."""
+    path = (path or _setting_path()).lower()
+    if path not in PATHS:
+        raise ValueError(f"moe_experts_mxfp4: path must be one of {', '.join(PATHS)}, got {path!r}")
+    if path != "auto":
+        return path
+    tokens, top_k = topk_ids.shape
+    if tokens < b_min_tokens() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return "a"
+    from dayzero.kernels.fp8_workspace import default_workspace
+
+    most_active = min(experts.num_experts, tokens * top_k)
+    return "b" if default_workspace(x.device).num_slots_for(experts) >= most_active else "a"
+
+
+def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, configs=None, path: str | None = None,
+                      workspace=None) -> torch.Tensor:
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) with MXFP4 experts; x bf16 [T, H] -> [T, H].
-    Runs compiled on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (the tests)."""
+    path: "a", "b", "auto" or None (the setting); configs: the GEMM tiles of the chosen path;
+    workspace: path B's (default: the device's). Runs compiled on CUDA tensors, and on CPU tensors
+    under TRITON_INTERPRET=1 (the tests)."""
+    check_mxfp4_call(x, topk_ids, topk_weights, experts, activation)
+    if select_path(x, topk_ids, experts, path) == "b":
+        from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
+
+        return moe_experts_mxfp4_fp8(x, topk_ids, topk_weights, experts, activation, workspace, configs)
+    return moe_experts_mxfp4_fused(x, topk_ids, topk_weights, experts, activation, configs)
+
+
+def moe_experts_mxfp4_fused(x, topk_ids, topk_weights, experts, activation, configs=None) -> torch.Tensor:
+    """Path A: the fused MXFP4 grouped GEMM (module docstring)."""
     check_mxfp4_call(x, topk_ids, topk_weights, experts, activation)
     E, n13 = experts.w13.shape[:2]
     H = x.shape[1]

@@ -1,0 +1,429 @@
+"""Path B: routed experts converted online from MXFP4 to FP8 E4M3 into the cross-layer workspace
+(dayzero.kernels.fp8_workspace), then an FP8 grouped GEMM on the tensor cores with path A's fused
+epilogue. The same GEMM is the "triton" kernel of moe_experts_fp8 (DeepSeek-V3 FP8 experts).
+
+Layouts:
+    converted expert (one workspace slot), as dayzero.formats.mxfp4_fp8 defines it (bytes equal):
+        w13 float8_e4m3fn [2I, H], w13_scale float32 [2I, ceil(H/128)]   one power of two per row per
+        w2  float8_e4m3fn [H, I],  w2_scale  float32 [H, ceil(I/128)]    128 of K (W_SCALE_ROWS = 1)
+    moe_experts_fp8 weights: w13 float8_e4m3fn [E, 2I, H], scale float32 [E, ceil(2I/128), ceil(H/128)]
+        (DeepSeek weight_scale_inv, one per 128 x 128 block: W_SCALE_ROWS = 128); slot = expert.
+    activations, TERMS (1 or 2) FP8 terms per value, one float32 scale per (row, 128 of K):
+        a float8_e4m3fn [rows, TERMS, K], a_scale float32 [rows, ceil(K/128)]
+        x ~= (a[:, 0] + a[:, 1] / 16) * a_scale[:, k // 128]
+        term 0 = x / scale rounded to E4M3 (scale = amax / 448, as dayzero.formats.fp8 "float32");
+        term 1 = (x - term 0 * scale) / (scale / 16) rounded: what term 0 left, at 16x the resolution
+        (the remainder is at most half an E4M3 step, 16 units of term 0 at the top binade, so term 1
+        stays within 256 < 448).
+Why two terms: E4M3 keeps 3 mantissa bits, so one term costs about 2.5% relative error per GEMM
+(2.6e-2 measured in float32 for a 2880-deep product on random data); two terms give 6e-4, below a
+bf16 rounding of the activations (1.7e-3), as issue 7's 0.5% end-to-end target needs. They cost two
+FP8 MMAs per weight tile (the tensor-core time of one bf16 MMA) and read the weights at 1 byte per
+parameter. `DAYZERO_MOE_B_TERMS=1` selects plain W8A8 (one term).
+
+The GEMM computes the transposed product like moe_gemm (weights are the left MMA operand,
+acc[BLOCK_N, BLOCK_M]), with BLOCK_K = 128, the scale group: each K step's FP8 product is taken in
+float32 and multiplied by weight scale x activation scale before it joins the accumulator. The
+gate/up GEMM (BLOCK_N = 128) quantizes its activated output h into the down GEMM's TERMS x FP8 + scale
+layout in its epilogue, one scale per (row, output tile).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, GemmConfig, choose_config, interpreting
+
+GROUP = 128  # K values per scale, weights and activations
+TERMS_ENV = "DAYZERO_MOE_B_TERMS"
+DEFAULT_TERMS = 2
+FP8_MAX = 448.0
+
+
+def activation_terms() -> int:
+    """FP8 terms per activation value (module docstring): DAYZERO_MOE_B_TERMS, 1 or 2 (default 2)."""
+    raw = os.environ.get(TERMS_ENV, str(DEFAULT_TERMS))
+    if raw not in ("1", "2"):
+        raise ValueError(f"{TERMS_ENV} must be 1 or 2 (FP8 terms per activation), got {raw!r}")
+    return int(raw)
+
+
+# -- MXFP4 -> FP8 conversion ----------------------------------------------------------------------
+
+@triton.jit
+def _e2m1_to_e4m3(code, r):
+    """E4M3 byte (int32) of e2m1(code) * 2^r, rounded to nearest even where it falls below E4M3's normal
+    range (mxfp4_fp8's out-of-window blocks); integer arithmetic only, so the bytes are the same on
+    the GPU and under the interpreter. e2m1 magnitude codes 2..7 are (1 + m/2) 2^E with E = code/2 - 1,
+    m = code & 1; code 1 is 0.5 = 2^-1. r <= 6 keeps the result <= 384."""
+    mag = code & 7
+    m = tl.where(mag >= 2, mag & 1, 0)
+    p = tl.where(mag >= 2, (mag >> 1) - 1, -1) + r  # unbiased exponent of the result
+    normal = ((p + 7) << 3) | (m << 2)
+    # Subnormal (p < -6): value in units of 2^-9 is (4 + 2m) * 2^(p + 7), i.e. (4 + 2m) >> s, s = -(p + 7).
+    n = 4 + 2 * m
+    s = tl.minimum(tl.maximum(-(p + 7), 0), 8)
+    q = n >> s
+    rem = n - (q << s)
+    half = (1 << s) >> 1
+    round_up = (s > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
+    sub = q + round_up.to(tl.int32)
+    return ((code & 8) << 4) | tl.where(mag == 0, 0, tl.where(p >= -6, normal, sub))
+
+
+@triton.jit
+def _convert_kernel(blocks_ptr, scales_ptr, experts_ptr, slots_ptr, out_ptr, out_scale_ptr, oow_ptr,
+                    N, NB: tl.constexpr, G: tl.constexpr,
+                    stride_be, stride_bn, stride_se, stride_sn, stride_oe, stride_on, stride_ose, stride_osn,
+                    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+    """Rows n of expert experts[p] -> slot slots[p]: GROUPS scale groups (4 MXFP4 blocks each) per program.
+    blocks uint8 [E, N, NB, 16], scales uint8 [E, N, NB]; out uint8 (E4M3 bytes) [slots, N, 32 NB],
+    out_scale float32 [slots, N, G]; oow int32 [1] += blocks out of the E4M3 window."""
+    p = tl.program_id(0)
+    expert = tl.load(experts_ptr + p).to(tl.int64)
+    slot = tl.load(slots_ptr + p).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    g = tl.program_id(2) * GROUPS + tl.arange(0, GROUPS)
+    blk = g[:, None] * 4 + tl.arange(0, 4)[None, :]  # [GROUPS, 4]
+    mask = n_mask[:, None, None] & (blk < NB)[None, :, :]
+    sc = tl.load(scales_ptr + expert * stride_se + offs_n[:, None, None] * stride_sn + blk[None, :, :],
+                 mask=mask, other=255).to(tl.int32)
+    nan_block = sc == 255  # padding past NB loads as NaN: no part in the group max, not counted
+    block_exp = sc - 127
+    group_exp = tl.max(tl.where(nan_block, -(1 << 20), block_exp), axis=2)  # [BLOCK_N, GROUPS]
+    shift = block_exp - (group_exp[:, :, None] - 6)
+    lossy = tl.sum(tl.sum(tl.sum(((shift < -8) & ~nan_block).to(tl.int32), axis=2), axis=1), axis=0)
+    tl.atomic_add(oow_ptr, lossy, mask=lossy > 0)  # rare: no contention on the counter
+
+    byte_ptrs = (blocks_ptr + expert * stride_be + offs_n[:, None, None, None] * stride_bn
+                 + blk[None, :, :, None] * 16 + tl.arange(0, 16)[None, None, None, :])
+    packed = tl.load(byte_ptrs, mask=mask[:, :, :, None], other=0).to(tl.int32)  # [BN, GROUPS, 4, 16]
+    codes = tl.join(packed & 15, packed >> 4)  # [BN, GROUPS, 4, 16, 2]: even k in the low nibble
+    fp8 = _e2m1_to_e4m3(codes, shift[:, :, :, None, None])
+    fp8 = tl.where(nan_block[:, :, :, None, None], 0x7F, fp8)
+    fp8 = tl.reshape(fp8, [BLOCK_N, GROUPS * 128])
+    offs_k = tl.program_id(2) * GROUPS * 128 + tl.arange(0, GROUPS * 128)
+    tl.store(out_ptr + slot * stride_oe + offs_n[:, None] * stride_on + offs_k[None, :], fp8.to(tl.uint8),
+             mask=n_mask[:, None] & (offs_k < NB * 32)[None, :])
+
+    e_ref = tl.maximum(group_exp - 6, -149)
+    bits = tl.where(e_ref >= -126, (e_ref + 127) << 23, 1 << tl.minimum(tl.maximum(e_ref + 149, 0), 22))
+    bits = tl.where(group_exp == -(1 << 20), 0x7FC00000, bits)  # every block NaN -> NaN scale
+    tl.store(out_scale_ptr + slot * stride_ose + offs_n[:, None] * stride_osn + g[None, :],
+             bits.to(tl.float32, bitcast=True), mask=n_mask[:, None] & (g < G)[None, :])
+
+
+def convert_mxfp4_to_fp8(blocks, scales, experts: torch.Tensor, slots: torch.Tensor, out: torch.Tensor,
+                         out_scale: torch.Tensor, out_of_window: torch.Tensor) -> None:
+    """Convert experts[i] of one projection (blocks uint8 [E, N, K/32, 16], scales uint8 [E, N, K/32])
+    into out[slots[i]] (float8_e4m3fn [S, N, K]) and out_scale[slots[i]] (float32 [S, N, ceil(K/128)]),
+    bytes equal to mxfp4_fp8.mxfp4_to_fp8; out_of_window (int32 [1]) counts the lossy blocks.
+    experts / slots: int32 [n] on the device of the weights."""
+    E, N, NB, _ = blocks.shape
+    S, G = out.shape[0], out_scale.shape[2]
+    want = {"out": (out, (S, N, NB * 32), torch.float8_e4m3fn), "out_scale": (out_scale, (S, N, G), torch.float32),
+            "scales": (scales, (E, N, NB), torch.uint8), "out_of_window": (out_of_window, (1,), torch.int32)}
+    for name, (t, shape, dtype) in want.items():
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != blocks.device or not t.is_contiguous():
+            raise ValueError(f"convert_mxfp4_to_fp8: {name} must be contiguous {dtype} {shape} on {blocks.device}, "
+                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if G != triton.cdiv(NB, 4) or experts.shape != slots.shape or experts.dtype != torch.int32:
+        raise ValueError(f"convert_mxfp4_to_fp8: out_scale needs ceil(K/128) = {triton.cdiv(NB, 4)} groups and "
+                         f"experts/slots int32 of one shape; got {G}, {experts.dtype} {tuple(experts.shape)}, "
+                         f"{slots.dtype} {tuple(slots.shape)}")
+    n = experts.numel()
+    if n == 0:
+        return
+    block_n, groups = (128, 8) if interpreting() else (32, 2)  # the interpreter pays per program
+    grid = (n, triton.cdiv(N, block_n), triton.cdiv(G, groups))
+    _convert_kernel[grid](blocks, scales, experts, slots, out.view(torch.uint8), out_scale, out_of_window,
+                          N, NB, G, blocks.stride(0), blocks.stride(1), scales.stride(0), scales.stride(1),
+                          out.stride(0), out.stride(1), out_scale.stride(0), out_scale.stride(1),
+                          BLOCK_N=block_n, GROUPS=groups, num_warps=4)
+
+
+# -- activation quantization ----------------------------------------------------------------------
+
+@triton.jit
+def _to_e4m3(v, INTERPRET: tl.constexpr):
+    """float32 -> E4M3, round to nearest even, saturating at 448."""
+    v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+    if INTERPRET:  # the interpreter's own rounding drops carries into the exponent (127 -> 64): round here
+        bits = v.to(tl.int32, bitcast=True)
+        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
+        subnormal = ((tl.abs(v) * 512.0 + 12582912.0) - 12582912.0) / 512.0  # steps of 2^-9 below 2^-6
+        subnormal = tl.where(bits < 0, -subnormal, subnormal)  # keeps the sign of values rounding to 0
+        v = tl.where(tl.abs(v) < 0.015625, subnormal, normal)
+        q = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True) | tl.where(bits < 0, 0x80, 0).to(tl.uint8)  # -0 too
+        return q.to(tl.float8e4nv, bitcast=True)
+    return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+
+
+@triton.jit
+def _quantize_terms(v, AXIS: tl.constexpr, TERMS: tl.constexpr, INTERPRET: tl.constexpr):
+    """float32 values, 128 of them along AXIS -> (term 0, term 1 (term 0 again when TERMS == 1), scale)."""
+    amax = tl.max(tl.abs(v), axis=AXIS)
+    scale = tl.maximum(amax / 448.0, 1.1754943508222875e-38)  # 2^-126 for all-zero groups, like formats.fp8
+    s = tl.expand_dims(scale, AXIS)
+    q0 = _to_e4m3(v / s, INTERPRET)
+    q1 = q0
+    if TERMS == 2:
+        q1 = _to_e4m3((v - q0.to(tl.float32) * s) / (s * 0.0625), INTERPRET)
+    return q0, q1, scale
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, q_ptr, s_ptr, T, K: tl.constexpr, stride_x, stride_q, stride_s,
+                     TERMS: tl.constexpr, BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    g = tl.program_id(1)
+    offs_k = g * 128 + tl.arange(0, 128)
+    row_mask = rows < T
+    mask = row_mask[:, None] & (offs_k < K)[None, :]
+    v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+    q0, q1, scale = _quantize_terms(v, 1, TERMS, INTERPRET)
+    q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_q + offs_k[None, :]
+    tl.store(q_ptrs, q0, mask=mask)
+    if TERMS == 2:
+        tl.store(q_ptrs + K, q1, mask=mask)
+    tl.store(s_ptr + rows.to(tl.int64) * stride_s + g, scale, mask=row_mask)
+
+
+def quantize_activations(x: torch.Tensor, terms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (any float) -> (float8_e4m3fn [T, terms, K], float32 scales [T, ceil(K/128)]); module docstring."""
+    T, K = x.shape
+    G = triton.cdiv(K, GROUP)
+    q = torch.empty(T, terms, K, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(T, G, dtype=torch.float32, device=x.device)
+    if T:
+        block_t = 16
+        _quantize_kernel[(triton.cdiv(T, block_t), G)](x, q, s, T, K, x.stride(0), q.stride(0), s.stride(0),
+                                                       TERMS=terms, BLOCK_T=block_t,
+                                                       INTERPRET=interpreting(), num_warps=4)
+    return q, s
+
+
+def dequantize_activations(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The float32 value quantize_activations' terms stand for (test oracle)."""
+    value = q[:, 0].float()
+    if q.shape[1] == 2:
+        value = value + q[:, 1].float() / 16
+    return value * s.repeat_interleave(GROUP, dim=1)[:, :q.shape[2]]
+
+
+# -- FP8 grouped GEMM -----------------------------------------------------------------------------
+
+@triton.jit
+def _scaled_dot(w_base, w_scale_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn, stride_sn,
+                W_SCALE_ROWS: tl.constexpr, TERMS: tl.constexpr, INTERPRET: tl.constexpr):
+    """float32 [BLOCK_N, BLOCK_M]: one 128-deep K group of W x A^T with both scales applied."""
+    w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
+                other=0.0)
+    w_scale = tl.load(w_scale_base + (offs_n // W_SCALE_ROWS) * stride_sn + g, mask=n_mask, other=0.0)
+    if INTERPRET:  # the interpreter's dot takes no FP8 operands
+        w = w.to(tl.float32)
+    p = tl.dot(w, a0)
+    if TERMS == 2:
+        p = tl.dot(w, a1, p * 16.0)  # 16 * (W a0 + W a1 / 16), exact power-of-two rescaling
+        w_scale = w_scale * 0.0625
+    return p * (w_scale[:, None] * a_scale[None, :])
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, slot_ptr, bias_ptr, out_ptr, out_scale_ptr, row_pair_ptr,
+    block_expert_ptr, router_weight_ptr,
+    N, S, E, up_offset, alpha, limit,
+    stride_am, stride_asm, stride_ws, stride_wn, stride_ss, stride_sn, stride_be, stride_om, stride_osm,
+    K: tl.constexpr, TERMS: tl.constexpr, W_SCALE_ROWS: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
+    QUANT_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """One [BLOCK_M rows x BLOCK_N outputs] tile of one expert, whose weights sit in slot slot[expert].
+    Rows as moe_gemm's kernel (GATHER: A row = token of the pair). QUANT_OUT stores the tile as TERMS
+    FP8 terms + one scale per row (BLOCK_N must be 128), else bf16."""
+    BLOCK_K: tl.constexpr = 128
+    mb = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + mb)
+    if expert >= E:
+        return
+    nb = tl.program_id(1)
+    slot = tl.load(slot_ptr + expert).to(tl.int64)
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(row_pair_ptr + rows)
+    row_valid = pair < S
+    if GATHER:
+        a_rows = tl.where(row_valid, pair // TOP_K, 0).to(tl.int64)
+    else:
+        a_rows = rows.to(tl.int64)
+    offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_up = offs_n + up_offset
+    w_base = w_ptr + slot * stride_ws
+    ws_base = w_scale_ptr + slot * stride_ss
+    GATED: tl.constexpr = ACTIVATION != 0
+
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        g = k0 // BLOCK_K
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
+        a_mask = row_valid[:, None] & k_mask[None, :]
+        a0 = tl.trans(tl.load(a_ptrs, mask=a_mask, other=0.0))
+        a1 = a0
+        if TERMS == 2:
+            a1 = tl.trans(tl.load(a_ptrs + K, mask=a_mask, other=0.0))
+        if INTERPRET:
+            a0 = a0.to(tl.float32)
+            a1 = a1.to(tl.float32)
+        a_scale = tl.load(a_scale_ptr + a_rows * stride_asm + g, mask=row_valid, other=0.0)
+        acc += _scaled_dot(w_base, ws_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn, stride_sn,
+                           W_SCALE_ROWS, TERMS, INTERPRET)
+        if GATED:
+            acc_up += _scaled_dot(w_base, ws_base, offs_up, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn,
+                                  stride_sn, W_SCALE_ROWS, TERMS, INTERPRET)
+
+    if HAS_BIAS:
+        b_base = bias_ptr + expert.to(tl.int64) * stride_be
+        acc += tl.load(b_base + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if GATED:
+            acc_up += tl.load(b_base + offs_up, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    if ACTIVATION == 1:  # swiglu, optional clamp (DeepSeek-V4 swiglu_limit)
+        gate = acc
+        up = acc_up
+        if HAS_LIMIT:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+        acc = gate * tl.sigmoid(gate) * up
+    elif ACTIVATION == 2:  # gpt-oss: gate * sigmoid(alpha * gate) * (up + 1), both clamped
+        gate = tl.minimum(acc, limit)
+        up = tl.minimum(tl.maximum(acc_up, -limit), limit)
+        acc = gate * tl.sigmoid(alpha * gate) * (up + 1.0)
+    if ROUTER_WEIGHT:
+        acc = acc * tl.load(router_weight_ptr + pair, mask=row_valid, other=0.0).to(tl.float32)[None, :]
+    out_rows = rows.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    if QUANT_OUT:
+        q0, q1, scale = _quantize_terms(tl.where(n_mask[:, None], acc, 0.0), 0, TERMS, INTERPRET)
+        tl.store(out_ptr + out_rows, tl.trans(q0), mask=n_mask[None, :])
+        if TERMS == 2:
+            tl.store(out_ptr + out_rows + N, tl.trans(q1), mask=n_mask[None, :])
+        tl.store(out_scale_ptr + rows.to(tl.int64) * stride_osm + nb, scale)
+    else:
+        tl.store(out_ptr + out_rows, tl.trans(acc).to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
+
+
+def choose_fp8_configs(num_pairs: int, num_experts: int, inter: int, hidden: int) -> tuple[GemmConfig, GemmConfig]:
+    """(gate/up, down) tiles from static sizes: BLOCK_M as path A picks it up to 64 (two float32
+    accumulators of 128 x 64 per CTA in the gate/up GEMM), BLOCK_N 128 (the gate/up GEMM quantizes h
+    per 128 outputs), BLOCK_K 128 (the scale group)."""
+    block_m = min(64, choose_config(num_pairs, num_experts, inter, False, True).block_m)
+    warps = 4 if block_m <= 32 else 8
+    stages = 4 if block_m <= 32 else 3
+    return (GemmConfig(block_m, 128, GROUP, warps, stages),
+            GemmConfig(block_m, 128 if block_m >= 64 else 64, GROUP, warps, stages))
+
+
+def fp8_grouped_gemm(a, a_scale, w, w_scale, slot_of_expert, bias, d, *, out_features: int, gather: bool,
+                     activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
+                     quant_out: bool = False, w_scale_rows: int = 1, config: GemmConfig):
+    """Launch the FP8 GEMM over the padded rows of dispatch `d`. a: float8_e4m3fn [T or max_rows, terms, K]
+    with a_scale float32 [., ceil(K/128)]; w: float8_e4m3fn [slots, N, K] with w_scale float32
+    [slots, N / w_scale_rows, ceil(K/128)]; slot_of_expert int32 [E]. Returns bf16 [max_rows, out_features],
+    or with quant_out (terms FP8 [max_rows, terms, out_features], float32 [max_rows, ceil(out_features/128)])."""
+    terms, K = a.shape[1], a.shape[2]
+    if config.block_k != GROUP or (quant_out and config.block_n != GROUP):
+        raise ValueError(f"fp8_grouped_gemm: BLOCK_K must be {GROUP} (and BLOCK_N {GROUP} with quant_out), got {config}")
+    dev = a.device
+    if quant_out:
+        out = torch.empty(d.max_rows, terms, out_features, dtype=torch.float8_e4m3fn, device=dev)
+        out_scale = torch.empty(d.max_rows, triton.cdiv(out_features, GROUP), dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=dev)
+        out_scale = None
+    if d.max_rows:
+        dummy = d.pair_row  # stands in for absent optional pointers (never read)
+        grid = (d.max_blocks, triton.cdiv(out_features, config.block_n))
+        _fp8_gemm_kernel[grid](
+            a, a_scale, w, w_scale, slot_of_expert, bias if bias is not None else dummy, out,
+            out_scale if quant_out else dummy, d.row_pair, d.block_expert,
+            router_weights if router_weights is not None else dummy,
+            out_features, d.pair_row.shape[0], d.num_experts, out_features if activation else 0, float(alpha),
+            float(limit) if limit is not None else 0.0,
+            a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
+            bias.stride(0) if bias is not None else 0, out.stride(0), out_scale.stride(0) if quant_out else 0,
+            K=K, TERMS=terms, W_SCALE_ROWS=w_scale_rows, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
+            HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
+            QUANT_OUT=quant_out, BLOCK_M=config.block_m, BLOCK_N=config.block_n, INTERPRET=interpreting(),
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    return (out, out_scale) if quant_out else out
+
+
+def moe_layer_fp8(x, topk_ids, topk_weights, w13, s13, w2, s2, slot_of_expert, b13, b2, activation, *,
+                  num_experts: int, inter: int, w_scale_rows: int = 1, terms: int | None = None,
+                  configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+    """dispatch -> quantize x -> gate/up FP8 GEMM (+ bias, activation, h quantized) -> down FP8 GEMM
+    (+ bias, x router weight) -> combine. Arguments already checked; weights as fp8_grouped_gemm takes them."""
+    from dayzero.kernels.moe_dispatch import combine, dispatch
+
+    T, H = x.shape
+    if T == 0:
+        return torch.zeros_like(x)
+    terms = terms or activation_terms()
+    c1, c2 = configs or choose_fp8_configs(topk_ids.numel(), num_experts, inter, H)
+    if c1.block_m != c2.block_m:
+        raise ValueError(f"moe_layer_fp8: both GEMMs must use one BLOCK_M, got {c1.block_m} and {c2.block_m}")
+    d = dispatch(topk_ids, num_experts, c1.block_m)
+    a, a_scale = quantize_activations(x, terms)
+    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    alpha = activation.alpha if activation.alpha is not None else 1.0
+    h, h_scale = fp8_grouped_gemm(a, a_scale, w13, s13, slot_of_expert, b13, d, out_features=inter, gather=True,
+                                  activation=act, alpha=alpha, limit=activation.limit, quant_out=True,
+                                  w_scale_rows=w_scale_rows, config=c1)
+    y = fp8_grouped_gemm(h, h_scale, w2, s2, slot_of_expert, b2, d, out_features=H, gather=False,
+                         router_weights=topk_weights.contiguous().view(-1), w_scale_rows=w_scale_rows, config=c2)
+    return combine(y, d, T, x.dtype)
+
+
+# -- the ops --------------------------------------------------------------------------------------
+
+def moe_experts_mxfp4_fp8(x, topk_ids, topk_weights, experts, activation, workspace=None,
+                          configs=None) -> torch.Tensor:
+    """Path B of moe_experts_mxfp4: the activated experts converted to FP8 into `workspace` (the
+    process-wide one of x's device by default; converted experts are reused across calls), then the
+    FP8 layer. Synchronises with the host once to learn the activated experts (a prefill path: not
+    for CUDA graphs). Raises ValueError when the workspace cannot hold the call's active experts."""
+    from dayzero.kernels.fp8_workspace import default_workspace
+    from dayzero.kernels.moe_checks import check_mxfp4_call
+
+    check_mxfp4_call(x, topk_ids, topk_weights, experts, activation)
+    ws = workspace if workspace is not None else default_workspace(x.device)
+    slot_of_expert = ws.prepare(experts, topk_ids)
+    return moe_layer_fp8(x, topk_ids, topk_weights, ws.w13, ws.w13_scale, ws.w2, ws.w2_scale, slot_of_expert,
+                         experts.b13, experts.b2, activation, num_experts=experts.num_experts,
+                         inter=experts.w13.shape[1] // 2, configs=configs)
+
+
+@functools.cache
+def _identity_slots(num_experts: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(num_experts, dtype=torch.int32, device=device)
+
+
+def moe_experts_fp8(x, topk_ids, topk_weights, experts, activation, configs=None) -> torch.Tensor:
+    """moe_experts_fp8 "triton": FP8 E4M3 experts with 128 x 128 float32 block scales (DeepSeek-V3),
+    the same FP8 GEMM with each expert its own slot. No host synchronisation."""
+    from dayzero.kernels.moe_checks import check_fp8_call
+
+    check_fp8_call(x, topk_ids, topk_weights, experts, activation)
+    E = experts.num_experts
+    return moe_layer_fp8(x, topk_ids, topk_weights, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
+                         _identity_slots(E, x.device), experts.b13, experts.b2, activation, num_experts=E,
+                         inter=experts.w13.shape[1] // 2, w_scale_rows=GROUP, configs=configs)
