@@ -7,7 +7,9 @@ does not handle, which then falls to the reference. See docs/kernels.md.
 
     moe_dispatch  tokens sorted by expert, padded to the GEMM's BLOCK_M; the final k-slot reduction
     moe_gemm      grouped GEMM, MXFP4 (upcast in registers) or bf16 weights, fused SwiGLU/bias/router weight
-    moe_mxfp4     moe_experts_mxfp4 "triton" (path A)
+    moe_mxfp4     moe_experts_mxfp4 "triton": path A or B per call (the selection policy)
+    moe_fp8       path B (MXFP4 -> FP8 conversion, FP8 grouped GEMM); moe_experts_fp8 "triton"
+    fp8_workspace the cross-layer FP8 expert workspace of path B (LRU slots, stats, prefetch)
     moe_bf16      moe_experts_bf16 "triton" (path C)
     moe_checks    the argument checks (plain PyTorch) and the `supports` predicates
     routing       top-k routing: softmax, sigmoid + bias + group limit, sqrtsoftplus, hash (checks inside;
@@ -22,7 +24,7 @@ import importlib.util
 
 import torch
 
-from dayzero.kernels.moe_checks import supports_bf16, supports_mxfp4
+from dayzero.kernels.moe_checks import supports_bf16, supports_fp8, supports_mxfp4
 from dayzero.ops.registry import REGISTRY
 
 TRITON_PRIORITY = 10
@@ -49,6 +51,12 @@ def moe_experts_bf16(*args, **kwargs):
     return kernel(*args, **kwargs)
 
 
+def moe_experts_fp8(*args, **kwargs):
+    from dayzero.kernels.moe_fp8 import moe_experts_fp8 as kernel
+
+    return kernel(*args, **kwargs)
+
+
 REGISTRY.register_kernel("moe_experts_mxfp4", moe_experts_mxfp4, backend="triton", devices=["cuda"],
                          priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_mxfp4)
 REGISTRY.register_kernel("moe_experts_bf16", moe_experts_bf16, backend="triton", devices=["cuda"],
@@ -69,3 +77,5 @@ for _op, _supports in (("route_softmax_topk", "supports_softmax"), ("route_sigmo
                        ("route_sqrtsoftplus", "supports_sqrtsoftplus"), ("route_hash", "supports_hash")):
     REGISTRY.register_kernel(_op, _routing(_op), backend="triton", devices=["cuda"], priority=TRITON_PRIORITY,
                              available=triton_cuda_available, supports=_routing(_supports))
+REGISTRY.register_kernel("moe_experts_fp8", moe_experts_fp8, backend="triton", devices=["cuda"],
+                         priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_fp8)
