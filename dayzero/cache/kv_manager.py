@@ -4,9 +4,11 @@ Bookkeeping only (plain Python on the CPU); the runner turns block tables into d
 
 Cache groups. Layers whose caches have the same geometry share a group (`windows[g]`): None for
 full attention (every entry is kept), W for a sliding window of W tokens (only the last W - 1
-entries before the next token are read, so older blocks go back to the pool: `reclaim`). Every group
-draws its blocks from the same pool; block i of a group's table holds that group's entries of tokens
-[i * block_size, (i + 1) * block_size) in every layer of the group.
+entries before the next token are read, so older blocks go back to the pool: `reclaim`). Each group
+has its own pool (`pools[g]`; their pages differ in size); block i of a group's table holds that
+group's entries of tokens [i * block_size, (i + 1) * block_size) in every layer of the group. The
+first group's pool (full attention when the model has it) bounds the context and is `pool`; a window
+group's pool is sized by the engine so that it never runs out first (`window_pool_blocks`).
 
 Invariants
 - A request's table in group g has one entry per block up to ceil(tokens held / block_size); a
@@ -33,13 +35,16 @@ if TYPE_CHECKING:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool = True,
+    def __init__(self, pool: BlockPool | Sequence[BlockPool], block_size: int, enable_prefix_caching: bool = True,
                  windows: Sequence[int | None] = (None,), snapshots: SnapshotCache | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1 tokens, got {block_size}")
         if not windows or any(w is not None and w < 1 for w in windows):
             raise ValueError(f"cache groups need windows of None (full) or >= 1 tokens, got {list(windows)}")
-        self.pool = pool
+        self.pools = [pool] if isinstance(pool, BlockPool) else list(pool)
+        if len(self.pools) != len(windows):
+            raise ValueError(f"{len(windows)} cache groups need as many pools, got {len(self.pools)}")
+        self.pool = self.pools[0]
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.windows = tuple(windows)
@@ -66,17 +71,27 @@ class KVCacheManager:
         tables = self.block_tables.get(request_id)
         return tables[group] if tables else []
 
-    def held_blocks(self, request_id: str) -> list[int]:
-        """Every block the request holds, all groups."""
-        return [b for table in self.block_tables.get(request_id, []) for b in table if b is not None]
+    def held_blocks(self, request_id: str, group: int = 0) -> list[int]:
+        """The blocks the request holds in one group's pool."""
+        tables = self.block_tables.get(request_id)
+        return [b for b in tables[group] if b is not None] if tables else []
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block hash and saved state; refused (False) while any block is in use."""
+        if any(any(p.ref_count) for p in self.pools):
+            return False
+        for p in self.pools:
+            p.reset_prefix_cache()
+        if self.snapshots is not None:
+            self.snapshots.clear()
+        return True
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
     def max_blocks_for(self, num_tokens: int) -> int:
-        """Blocks a request of num_tokens can hold at once, all groups (a one-shot prefill holds a
-        window group's blocks of the whole prompt until the step ends)."""
-        return self.num_blocks_for(num_tokens) * self.num_groups
+        """Blocks of the first pool a request of num_tokens holds at most."""
+        return self.num_blocks_for(num_tokens) if self.windows[0] is None else self.pool.num_blocks
 
     def block_hashes(self, req: Request, num_blocks: int) -> list[BlockHash]:
         """Hashes of the request's first num_blocks full blocks (its known tokens must cover them)."""
@@ -85,9 +100,6 @@ class KVCacheManager:
         for i in range(len(hashes), num_blocks):
             hashes.append(BlockHash.of(hashes[-1] if hashes else None, req.token_ids(i * bs, (i + 1) * bs)))
         return hashes[:num_blocks]
-
-    def _key(self, group: int, block_hash: BlockHash):
-        return block_hash if group == 0 else (group, block_hash)
 
     def _window_start(self, group: int, num_tokens: int) -> int:
         """First block of `group` that a query at position num_tokens still reads."""
@@ -100,7 +112,7 @@ class KVCacheManager:
         many tokens they hold (a multiple of block_size). At least one token is always left to
         compute, since a step must produce logits for the last one. Call on a request holding no
         blocks; the caller sets req.num_computed_tokens from the result (or calls `free` to undo)."""
-        if self.held_blocks(req.request_id):
+        if any(self.held_blocks(req.request_id, g) for g in range(self.num_groups)):
             raise RuntimeError(f"request {req.request_id!r} already holds blocks; match_prefix is for admission")
         self.block_tables[req.request_id] = [[] for _ in self.windows]
         if not self.enable_prefix_caching:
@@ -109,7 +121,7 @@ class KVCacheManager:
         found = len(hashes)
         for g, w in enumerate(self.windows):
             if w is None:
-                found = next((i for i, h in enumerate(hashes[:found]) if self.pool.lookup(self._key(g, h)) is None), found)
+                found = next((i for i, h in enumerate(hashes[:found]) if self.pools[g].lookup(h) is None), found)
         while found and not self._resumable(hashes, found):
             found -= 1
         self.pool.prefix_queries += len(hashes)
@@ -118,14 +130,14 @@ class KVCacheManager:
         for g, table in enumerate(tables):
             start = self._window_start(g, found * self.block_size)
             table.extend([None] * start)
-            table.extend(self.pool.take(self.pool.lookup(self._key(g, h))) for h in hashes[start:found])
+            table.extend(self.pools[g].take(self.pools[g].lookup(h)) for h in hashes[start:found])
         self._num_cached_blocks[req.request_id] = found
         return found * self.block_size
 
     def _resumable(self, hashes: list[BlockHash], n: int) -> bool:
         """Can a request resume after the first n blocks (full groups are checked by the caller)?"""
         for g, w in enumerate(self.windows):
-            if w is not None and any(self.pool.lookup(self._key(g, h)) is None
+            if w is not None and any(self.pools[g].lookup(h) is None
                                      for h in hashes[self._window_start(g, n * self.block_size):n]):
                 return False
         return self.snapshots is None or hashes[n - 1] in self.snapshots
@@ -136,11 +148,11 @@ class KVCacheManager:
         tables = self.block_tables.setdefault(req.request_id, [[] for _ in self.windows])
         total = self.num_blocks_for(req.num_computed_tokens + num_new_tokens)
         need = [max(total - len(t), 0) for t in tables]
-        if sum(need) > self.pool.num_free:
+        if any(n > pool.num_free for n, pool in zip(need, self.pools)):
             return False
-        for table, n in zip(tables, need):
+        for table, n, pool in zip(tables, need, self.pools):
             if n:
-                table.extend(self.pool.allocate(n))
+                table.extend(pool.allocate(n))
         return True
 
     def cache_full_blocks(self, req: Request) -> None:
@@ -155,7 +167,7 @@ class KVCacheManager:
             for g, table in enumerate(tables):
                 for i in range(done, num_full):
                     if table[i] is not None:
-                        self.pool.cache_block(table[i], self._key(g, hashes[i]))
+                        self.pools[g].cache_block(table[i], hashes[i])
             self._num_cached_blocks[rid] = max(done, num_full)
         self.reclaim(req)
 
@@ -166,7 +178,7 @@ class KVCacheManager:
                 continue
             for i in range(min(self._window_start(g, req.num_computed_tokens), len(table))):
                 if table[i] is not None:
-                    self.pool.release([table[i]])
+                    self.pools[g].release([table[i]])
                     table[i] = None
 
     def free(self, req: Request) -> None:
@@ -174,5 +186,5 @@ class KVCacheManager:
         tables = self.block_tables.pop(req.request_id, [])
         self._block_hashes.pop(req.request_id, None)
         self._num_cached_blocks.pop(req.request_id, None)
-        for table in tables:
-            self.pool.release(b for b in reversed(table) if b is not None)
+        for table, pool in zip(tables, self.pools):
+            pool.release(b for b in reversed(table) if b is not None)

@@ -6,10 +6,11 @@ Layout
   "conv_q" ... and "recurrent"; one fixed-size tensor per request). `probe_layout` finds them by
   running the model once on one token with a recording cache, so model files declare nothing.
 - Streams of equal window (None = full attention, W = sliding window) form a cache group
-  (dayzero.cache.kv_manager). All groups share one arena of `num_blocks` pages of `page_bytes`
-  (the largest group's bytes per block; a smaller group leaves the rest of its pages unused). In
-  the page of block id b, group g's stream s occupies bytes [offset(g, s), + block_size x entry
-  bytes): `stream(layer, name)` is a view [num_blocks, block_size, *entry_shape] of the arena.
+  (dayzero.cache.kv_manager) with its own pool and arena of `num_blocks[g]` pages. A stream holds
+  one entry per `rate` tokens (1; a compression ratio for DeepSeek-V4's compressed entries: entry e
+  lives in the block of token e * rate), so a block holds block_size / rate of its entries (at least
+  one). In group g's page, stream s occupies bytes [offset(s), + entries per block x entry bytes):
+  `streams[layer, name]` is a view [num_blocks, entries per block, *entry_shape] of the arena.
 - States live in `num_state_slots` request slots followed by `num_snapshots` snapshot slots:
   `state(layer, name)` is [num_state_slots + num_snapshots, *shape].
 
@@ -41,10 +42,22 @@ class StreamSpec:
     shape: tuple[int, ...]  # one entry
     dtype: torch.dtype
     window: int | None  # None: full attention; W: only the last W - 1 entries are read again
+    rate: int = 1  # tokens per entry: 1, or a compression ratio (entry e pools tokens [e*rate, (e+1)*rate))
 
     @property
     def entry_bytes(self) -> int:
         return torch.Size(self.shape).numel() * torch.tensor([], dtype=self.dtype).element_size()
+
+    def entries_per_block(self, block_size: int) -> int:
+        """Entries one block holds: entry e lives in the block of token e * rate."""
+        if self.rate == 1:
+            return block_size
+        if self.rate <= block_size and block_size % self.rate == 0:
+            return block_size // self.rate
+        if self.rate % block_size == 0:
+            return 1
+        raise ValueError(f"block_size {block_size} does not fit layer {self.layer}'s {self.name!r} entries of "
+                         f"{self.rate} tokens: use a block size that divides or is a multiple of {self.rate}")
 
 
 @dataclass(frozen=True)
@@ -73,12 +86,12 @@ class CacheLayout:
     def group_of(self, stream: StreamSpec) -> int:
         return self.windows.index(stream.window)
 
-    def page_bytes(self, block_size: int) -> int:
-        """Bytes one block id holds: the largest group's streams, each aligned."""
+    def page_bytes(self, block_size: int) -> list[int]:
+        """Bytes of one block of each group: its streams' entries, each stream aligned."""
         per_group = [0] * len(self.windows)
         for s in self.streams:
-            per_group[self.group_of(s)] += _aligned(block_size * s.entry_bytes)
-        return max(per_group)
+            per_group[self.group_of(s)] += _aligned(s.entries_per_block(block_size) * s.entry_bytes)
+        return per_group
 
     @property
     def state_bytes(self) -> int:
@@ -96,8 +109,8 @@ class _ProbeLayer:
     def __init__(self, layer: int, layout: CacheLayout):
         self.layer, self.layout, self.values = layer, layout, {}
 
-    def append(self, name, new, window=None):
-        self.layout.streams.append(StreamSpec(self.layer, name, tuple(new.shape[2:]), new.dtype, window))
+    def append(self, name, new, window=None, rate=1):
+        self.layout.streams.append(StreamSpec(self.layer, name, tuple(new.shape[2:]), new.dtype, window, rate))
         return new
 
     def lens(self, name):
@@ -135,22 +148,24 @@ def probe_layout(model: CausalLM) -> CacheLayout:
 
 
 class PagedKVStorage:
-    """The arena and the state slots (module docstring). Zero-filled: unread memory is finite."""
+    """The arenas and the state slots (module docstring). Zero-filled: unread memory is finite."""
 
-    def __init__(self, layout: CacheLayout, num_blocks: int, block_size: int, num_state_slots: int,
+    def __init__(self, layout: CacheLayout, num_blocks: list[int], block_size: int, num_state_slots: int,
                  num_snapshots: int, device: torch.device):
-        self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
+        self.layout, self.num_blocks, self.block_size = layout, list(num_blocks), block_size
         self.page_bytes = layout.page_bytes(block_size)
-        self.arena = torch.zeros((num_blocks, self.page_bytes), dtype=torch.uint8, device=device)
+        self.arenas = [torch.zeros((n, p), dtype=torch.uint8, device=device) for n, p in zip(num_blocks, self.page_bytes)]
+        self.specs: dict[tuple[int, str], StreamSpec] = {}
         self.group: dict[tuple[int, str], int] = {}
         self.streams: dict[tuple[int, str], torch.Tensor] = {}
         offsets = [0] * len(layout.windows)
         for s in layout.streams:
             g = layout.group_of(s)
-            n = block_size * s.entry_bytes
-            raw = self.arena[:, offsets[g]:offsets[g] + n]
-            self.streams[s.layer, s.name] = raw.view(s.dtype).view(num_blocks, block_size, *s.shape)
-            self.group[s.layer, s.name] = g
+            per_block = s.entries_per_block(block_size)
+            n = per_block * s.entry_bytes
+            raw = self.arenas[g][:, offsets[g]:offsets[g] + n]
+            self.streams[s.layer, s.name] = raw.view(s.dtype).view(num_blocks[g], per_block, *s.shape)
+            self.specs[s.layer, s.name], self.group[s.layer, s.name] = s, g
             offsets[g] += _aligned(n)
         self.num_state_slots, self.num_snapshots = num_state_slots, num_snapshots
         slots = num_state_slots + num_snapshots
@@ -159,7 +174,7 @@ class PagedKVStorage:
 
     @property
     def nbytes(self) -> int:
-        return self.arena.numel() + sum(t.numel() * t.element_size() for t in self.states.values())
+        return sum(a.numel() for a in self.arenas) + sum(t.numel() * t.element_size() for t in self.states.values())
 
     def copy_state(self, src: int, dst: int) -> None:
         """Copy every state tensor's slot src into slot dst (snapshot save and restore)."""
@@ -168,56 +183,63 @@ class PagedKVStorage:
 
 
 @dataclass
-class GroupStep:
-    """One cache group's part of a step: where the B x T new entries go, and what each row reads."""
+class StreamStep:
+    """One (group, rate)'s part of a step: where the rows' new entries go, and what each row reads."""
 
-    write_blocks: torch.Tensor  # long [B * T]
-    write_offsets: torch.Tensor  # long [B * T]
+    write_blocks: torch.Tensor  # long [B * new entries per row]
+    write_offsets: torch.Tensor  # long [B * new entries per row]
     read_blocks: torch.Tensor  # long [B, S]
     read_offsets: torch.Tensor  # long [B, S]
     lens: torch.Tensor | None  # long [B]: real entries per row (right-aligned), None when no row is padded
+    num_new: int  # entries each row appends this step
 
 
 @dataclass
 class StepContext:
     """Everything a forward needs to read and write the paged cache; models never see its insides."""
 
-    groups: list[GroupStep]
+    streams: dict[tuple[int, int], StreamStep]  # by (group, rate)
     state_slots: torch.Tensor  # long [B]
     fresh: bool  # the rows have no state yet (a prefill from token 0): states read as absent
     batch: int
-    stats: dict = field(default_factory=dict)
 
 
-def build_step(tables: list[list[list[int | None]]], starts: list[int], num_new: int, windows: tuple[int | None, ...],
+def build_step(tables: list[list[list[int | None]]], starts: list[int], num_new: int, layout: CacheLayout,
                block_size: int, state_slots: list[int], device) -> StepContext:
     """The StepContext of B rows that each compute num_new tokens from position starts[b], with
     block tables tables[b][group] (None entries: reclaimed blocks, never read)."""
-    groups = []
-    for g, window in enumerate(windows):
-        wb, wo, reads = [], [], []
-        for table, start in zip(tables, starts):
+    kinds = sorted({(layout.group_of(s), s.rate, s.entries_per_block(block_size)) for s in layout.streams})
+    streams = {}
+    for g, rate, per_block in kinds:
+        window = layout.windows[g]
+
+        def slot(table, e):  # entry e of rate `rate`: in the block of token e * rate
+            return table[g][e * rate // block_size], (e * rate % block_size) // rate if per_block > 1 else 0
+
+        news, reads = [], []
+        for start in starts:
             end = start + num_new
-            for p in range(start, end):
-                wb.append(table[g][p // block_size])
-                wo.append(p % block_size)
             lo = 0 if window is None else max(start - (window - 1), 0)
-            reads.append(range(lo, end))
+            news.append(range(start // rate, end // rate))
+            reads.append(range(lo // rate, end // rate))
+        counts = {len(n) for n in news}
+        if len(counts) > 1:
+            raise ValueError(f"rows of one step append different numbers of {rate}-token entries ({sorted(counts)}); "
+                             f"run them as separate forwards")
+        writes = [slot(table, e) for table, new in zip(tables, news) for e in new]
         width = max(len(r) for r in reads)
-        rb, ro, lens = [], [], []
-        for table, r in zip(tables, reads):
-            pad = [r[0]] * (width - len(r))
-            positions = pad + list(r)
-            rb.append([table[g][p // block_size] for p in positions])
-            ro.append([p % block_size for p in positions])
-            lens.append(len(r))
+        rows = [[slot(table, e) for e in [r[0]] * (width - len(r)) + list(r)] if len(r) else [(0, 0)] * width
+                for table, r in zip(tables, reads)]
+        lens = [len(r) for r in reads]
+        wb = torch.tensor([w[0] for w in writes], dtype=torch.long, device=device)
+        wo = torch.tensor([w[1] for w in writes], dtype=torch.long, device=device)
+        rb = torch.tensor([[x[0] for x in row] for row in rows], dtype=torch.long, device=device).view(len(tables), width)
+        ro = torch.tensor([[x[1] for x in row] for row in rows], dtype=torch.long, device=device).view(len(tables), width)
         padded = any(n != width for n in lens)
-        groups.append(GroupStep(
-            torch.tensor(wb, dtype=torch.long, device=device), torch.tensor(wo, dtype=torch.long, device=device),
-            torch.tensor(rb, dtype=torch.long, device=device), torch.tensor(ro, dtype=torch.long, device=device),
-            torch.tensor(lens, dtype=torch.long, device=device) if padded else None))
+        streams[g, rate] = StreamStep(wb, wo, rb, ro, torch.tensor(lens, dtype=torch.long, device=device) if padded else None,
+                                      counts.pop())
     fresh = all(s == 0 for s in starts)
-    return StepContext(groups, torch.tensor(state_slots, dtype=torch.long, device=device), fresh, len(tables))
+    return StepContext(streams, torch.tensor(state_slots, dtype=torch.long, device=device), fresh, len(tables))
 
 
 class PagedLayerView:
@@ -226,20 +248,23 @@ class PagedLayerView:
     def __init__(self, storage: PagedKVStorage, ctx: StepContext, layer: int):
         self.storage, self.ctx, self.layer = storage, ctx, layer
 
-    def _group(self, name: str) -> GroupStep:
+    def _step(self, name: str) -> StreamStep:
         key = (self.layer, name)
         if key not in self.storage.group:
             raise KeyError(f"layer {self.layer} has no cache stream {name!r} (not seen when the layout was probed)")
-        return self.ctx.groups[self.storage.group[key]]
+        return self.ctx.streams[self.storage.group[key], self.storage.specs[key].rate]
 
-    def append(self, name: str, new: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
+        step = self._step(name)
         pages = self.storage.streams[self.layer, name]
-        step = self._group(name)
+        if new.shape[:2] != (self.ctx.batch, step.num_new):
+            raise ValueError(f"layer {self.layer} {name!r}: the step appends {step.num_new} entries per row to "
+                             f"{self.ctx.batch} rows, the model gave {tuple(new.shape[:2])}")
         pages[step.write_blocks, step.write_offsets] = new.reshape(-1, *new.shape[2:]).to(pages.dtype)
         return pages[step.read_blocks, step.read_offsets]
 
     def lens(self, name: str) -> torch.Tensor | None:
-        return self._group(name).lens
+        return self._step(name).lens
 
     def get(self, name: str, default=None):
         if self.ctx.fresh or (self.layer, name) not in self.storage.states:

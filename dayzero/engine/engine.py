@@ -75,14 +75,22 @@ class Engine:
             stateful = bool(layout.states)
             if num_state_snapshots is None:
                 num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0
+            page_bytes = layout.page_bytes(block_size)
+            # a window group's pool: its last window - 1 tokens per running request plus a step's new tokens
+            blocks = [None if w is None else window_pool_blocks(w, block_size, max_num_seqs, max_num_batched_tokens)
+                      for w in layout.windows]
             if num_kv_blocks is None and kv_cache_bytes is not None:
-                num_kv_blocks = _blocks_in_budget(kv_cache_bytes, layout.page_bytes(block_size), block_size,
+                fixed = sum(n * p for n, p in zip(blocks, page_bytes) if n is not None)
+                num_kv_blocks = _blocks_in_budget(kv_cache_bytes - fixed, page_bytes[0], block_size,
                                                   layout.state_bytes, max_num_seqs + num_state_snapshots)
             if num_kv_blocks is None:
-                num_kv_blocks = max_num_seqs * blocks_per_seq * len(layout.windows)
+                num_kv_blocks = max_num_seqs * blocks_per_seq
+            blocks = [num_kv_blocks if n is None else n for n in blocks]
+            if layout.windows[0] is not None:  # no full-attention group: the first window pool bounds nothing
+                blocks[0] = max(blocks[0], num_kv_blocks)
             snapshots = SnapshotCache(num_state_snapshots) if stateful and enable_prefix_caching else None
-            kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching, layout.windows, snapshots)
-            storage = PagedKVStorage(layout, num_kv_blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
+            kv = KVCacheManager([BlockPool(n) for n in blocks], block_size, enable_prefix_caching, layout.windows, snapshots)
+            storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
             self.runner: PagedRunner | ContiguousRunner = PagedRunner(model, kv, storage, snapshots)
         else:
             if num_kv_blocks is None and kv_cache_bytes is not None:
@@ -216,6 +224,13 @@ def kv_blocks_for_budget(model: CausalLM, kv_cache_bytes: float, block_size: int
             f"({per_token:.0f} B per token, {fixed / 2**20:.1f} MiB fixed state per request x {max_num_seqs} "
             f"requests); raise --mem-fraction / --kv-cache-gib or lower --max-running-requests")
     return blocks
+
+
+def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """Blocks a sliding-window group can hold at once: per running request the blocks of its last
+    window - 1 tokens and of its new tokens (2 partial blocks at the ends), and a step's new tokens
+    (at most max_num_batched_tokens) in all; reclaim returns the rest after every step."""
+    return max_num_seqs * (-(-(window - 1) // block_size) + 3) + -(-max_num_batched_tokens // block_size)
 
 
 def _blocks_in_budget(kv_cache_bytes: float, page_bytes: int, block_size: int, state_bytes: int, state_slots: int) -> int:

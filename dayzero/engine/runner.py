@@ -11,9 +11,12 @@ runner saves the state whenever a request's computed tokens reach a block bounda
 is split there) under that prefix's block hash, and a request admitted with a cached prefix resumes
 from the saved state (dayzero.cache.snapshots).
 
+A model whose layers cannot batch rows of different lengths (`batched_decode = False`: DeepSeek-V4,
+whose compressors append entries at different steps per row) decodes one row per forward.
+
 `ContiguousRunner` keeps one contiguous reference `KVCache` per request and runs each request as a
-forward of batch 1; it serves the models whose caches are not streams yet (DeepSeek-V4's compressor
-windows), without prefix caching.
+forward of batch 1, without prefix caching; it is the reference the paged runner is tested against
+and serves any model with `paged_cache = False`.
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ class PagedRunner:
         logits: dict[str, torch.Tensor] = {}
         for s in prefills:
             self._prefill(s, logits)
-        if decodes:
+        if decodes and self.model.batched_decode:
             self._decode(decodes, logits)
+        for s in decodes if not self.model.batched_decode else ():
+            self._decode([s], logits)
         return logits
 
     @property
@@ -102,7 +107,7 @@ class PagedRunner:
 
     def _forward(self, batch: list[ScheduledRequest], starts: list[int], num_new: int) -> torch.Tensor:
         tables = [self.kv.block_tables[s.request.request_id] for s in batch]
-        ctx = build_step(tables, starts, num_new, self.kv.windows, self.kv.block_size,
+        ctx = build_step(tables, starts, num_new, self.storage.layout, self.kv.block_size,
                          [self.slots[s.request.request_id] for s in batch], self.device)
         ids = torch.tensor([s.request.token_ids(a, a + num_new) for s, a in zip(batch, starts)], device=self.device)
         positions = torch.tensor([list(range(a, a + num_new)) for a in starts], device=self.device)

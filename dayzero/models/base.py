@@ -78,11 +78,13 @@ class KVCache:
         self.length = 0
 
 
-def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
     """Append this step's entries [B, T, ...] to the layer's stream `name` and return the entries
     attention reads [B, S, ...] (the last T are the new ones); without a cache (one full forward)
     just the new ones. `window` W marks a sliding-window stream: only the last W - 1 entries before
-    the new ones must be kept (older ones may still be returned; attention masks them).
+    the new ones must be kept (older ones may still be returned; attention masks them). `rate` r > 1
+    marks a stream of one entry per r tokens (compressed entries): a step that computes tokens
+    [start, end) appends exactly the entries end // r - start // r.
 
     `layer_cache` is a dict (the reference cache, one contiguous tensor per stream) or a paged view
     (dayzero.cache.paged), which stores entries in the block pool's pages and returns every row of a
@@ -90,7 +92,7 @@ def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None =
     if layer_cache is None:
         return new
     if not isinstance(layer_cache, dict):
-        return layer_cache.append(name, new, window)
+        return layer_cache.append(name, new, window, rate)
     full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
     keep = full.shape[1] if window is None else min(full.shape[1], window - 1)
     layer_cache[name] = full[:, full.shape[1] - keep:]
@@ -114,6 +116,8 @@ class CausalLM(nn.Module):
     # The layers cache only through cache_append streams and per-request states (dayzero.cache.paged),
     # so the engine can keep them in the block pool; False: the engine's contiguous runner.
     paged_cache: ClassVar[bool] = True
+    # Rows of different lengths can share one decode forward (attention takes `cache_lens`).
+    batched_decode: ClassVar[bool] = True
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__()

@@ -13,11 +13,11 @@ MoE: sqrt(softplus) router (hash table tid2eid in the first num_hash_layers laye
 (MXFP4 / FP8 / bf16) with the swiglu clamp, plus one shared expert with the same clamp.
 The final hyper-head collapses the streams before `norm` and `head`.
 
-Cache per layer (`cache.layers[i]`): "window" [B, <= sliding_window - 1, D] rotated keys of the last
-tokens; per compressor (attention "comp_", indexer "index_"): "entries" [B, N, D] compressed entries
-so far, "pending_kv"/"pending_gate" [B, < ratio, C] projected tokens of the unfinished window, and
-for CSA "prev_kv"/"prev_gate" [B, ratio, C] the last complete window (its Ca half overlaps the next
-entry).
+Cache per layer (`cache.layers[i]`): stream "window" (rotated keys, windowed: the last
+sliding_window - 1 are kept); per compressor (attention "comp_", indexer "index_"): stream "entries"
+(one compressed entry per ratio tokens) and states "pending_kv"/"pending_gate" [B, ratio, C] (the
+unfinished window's projected tokens, start % ratio of them valid) and for CSA "prev_kv"/"prev_gate"
+[B, ratio, C] (the last complete window: its Ca half overlaps the next entry).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
+from dayzero.models.base import CausalLM, WeightTarget, cache_append, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import Rope, rope_from_config
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
@@ -99,26 +99,39 @@ class Compressor(nn.Module):
         self.norm = RMSNorm(dim, eps, dtype=dtype, device=device)
         self.ape = empty_param((ratio, width), torch.float32, device)
 
-    def forward(self, x: torch.Tensor, rope: Rope, state: dict, key: str) -> torch.Tensor:
-        """Feed x [B, T, hidden]; returns every entry so far, rotated at its window's first position."""
+    def forward(self, x: torch.Tensor, rope: Rope, state: dict, key: str, start: int) -> torch.Tensor:
+        """Feed x [B, T, hidden], the tokens from position `start`; returns every entry so far,
+        rotated at its window's first position. State: "pending_kv"/"pending_gate" [B, ratio, C]
+        whose first start % ratio rows are the unfinished window's tokens; for CSA "prev_kv"/"prev_gate"
+        [B, ratio, C], the last complete window (valid once one exists)."""
         kv, gate = self.wkv(x), self.wgate(x)
-        if key + "pending_kv" in state:
-            kv = torch.cat([state[key + "pending_kv"], kv], dim=1)
-            gate = torch.cat([state[key + "pending_gate"], gate], dim=1)
+        count, first = start % self.ratio, start // self.ratio  # pending tokens, entries before this step
+        if count:
+            kv = torch.cat([state[key + "pending_kv"][:, :count], kv], dim=1)
+            gate = torch.cat([state[key + "pending_gate"][:, :count], gate], dim=1)
         usable = kv.shape[1] // self.ratio * self.ratio
-        state[key + "pending_kv"], state[key + "pending_gate"] = kv[:, usable:], gate[:, usable:]
-        entries = state.get(key + "entries", kv.new_zeros((kv.shape[0], 0, self.dim)))
+        state[key + "pending_kv"] = _padded(kv[:, usable:], self.ratio)
+        state[key + "pending_gate"] = _padded(gate[:, usable:], self.ratio)
+        new = kv.new_zeros((kv.shape[0], 0, self.dim))
         if usable:
+            prev_kv, prev_gate = (state[key + "prev_kv"], state[key + "prev_gate"]) if self.overlap and first else (None, None)
             new = ops.kv_compressor(kv[:, :usable], gate[:, :usable], self.ape, self.norm.weight, self.eps, self.overlap,
-                                state.get(key + "prev_kv"), state.get(key + "prev_gate"))
-            if self.overlap:
+                                    prev_kv, prev_gate)
+            cos, sin = rope.cos_sin(torch.arange(first, first + new.shape[1], device=x.device) * self.ratio)
+            new = rope_tail(new, cos, sin)
+        if self.overlap:
+            if usable:
                 state[key + "prev_kv"] = kv[:, usable - self.ratio:usable]
                 state[key + "prev_gate"] = gate[:, usable - self.ratio:usable]
-            first = entries.shape[1]
-            cos, sin = rope.cos_sin(torch.arange(first, first + new.shape[1], device=x.device) * self.ratio)
-            entries = torch.cat([entries, rope_tail(new, cos, sin)], dim=1)
-        state[key + "entries"] = entries
-        return entries
+            elif not first:  # no complete window yet: a placeholder the next calls do not read
+                state[key + "prev_kv"] = _padded(kv[:, :0], self.ratio)
+                state[key + "prev_gate"] = _padded(gate[:, :0], self.ratio)
+        return cache_append(state, key + "entries", new, rate=self.ratio)
+
+
+def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
+    """x [B, n <= length, C] zero-padded to [B, length, C]."""
+    return torch.cat([x, x.new_zeros((x.shape[0], length - x.shape[1], x.shape[2]))], dim=1)
 
 
 class Indexer(nn.Module):
@@ -133,8 +146,8 @@ class Indexer(nn.Module):
         self.weights_proj = linear(hidden, heads, quantized=False)
         self.compressor = Compressor(hidden, dim, ratio, True, eps, dtype, device)
 
-    def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict) -> torch.Tensor:
-        keys = self.compressor(x, rope, state, "index_")
+    def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict, start: int) -> torch.Tensor:
+        keys = self.compressor(x, rope, state, "index_", start)
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
         scores = ops.v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio)
         return ops.v4_topk_select(scores, self.topk)
@@ -168,14 +181,13 @@ class Attention(nn.Module):
         q = self.wq_b(q_latent).unflatten(-1, (self.heads, self.head_dim))
         q = rope_tail(ops.rms_norm(q, self.unit_weight, self.eps), cos, sin)
         kv = rope_tail(self.kv_norm(self.wkv(x)), cos, sin)
-        keys = torch.cat([state["window"], kv], dim=1) if "window" in state else kv
-        state["window"] = keys[:, max(keys.shape[1] - self.window + 1, 0):]  # the last window - 1 keys
-
+        keys = cache_append(state, "window", kv, self.window)
+        start = int(positions[0, 0])  # rows of one call start together (the runner decodes V4 row by row)
         compressed = indices = None
         if self.kind in ("csa", "hca"):
-            compressed = self.compressor(x, rope, state, "comp_")
+            compressed = self.compressor(x, rope, state, "comp_", start)
         if self.kind == "csa":
-            indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
+            indices = self.indexer(x, q_latent, positions, cos, sin, rope, state, start)
         out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
                                positions, self.ratio)
         out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
@@ -359,7 +371,7 @@ def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
 @register_model
 class DeepseekV4ForCausalLM(CausalLM):
     model_types = ("deepseek_v4",)
-    paged_cache = False  # its compressor windows and entries are not cache streams yet (docs/engine.md)
+    batched_decode = False  # a decode row appends a compressed entry only every ratio tokens: one row per forward
     ignore_unexpected = (r"^mtp\.",)
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):

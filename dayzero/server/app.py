@@ -441,7 +441,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @app.post("/flush_cache")
     async def flush_cache():
-        flushed = await async_engine.call(lambda e: e.scheduler.kv.pool.reset_prefix_cache())
+        flushed = await async_engine.call(lambda e: e.scheduler.kv.reset_prefix_cache())
         if not flushed:
             raise APIError(400, "the prefix cache was not flushed: requests are running or queued; retry when idle")
         return PlainTextResponse("Cache flushed.\n")

@@ -56,8 +56,9 @@ GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
 
 
 def _assert_pool_free(llm):
-    pool = llm.scheduler.kv.pool
-    assert pool.num_free == pool.num_blocks and not llm.runner.num_requests and not llm.engine.tracks
+    """Every block of every cache group's pool is free and no request holds a state slot."""
+    assert all(p.num_free == p.num_blocks for p in llm.scheduler.kv.pools)
+    assert not llm.scheduler.kv.block_tables and not llm.runner.num_requests and not llm.engine.tracks
 
 
 def test_a_batch_of_16_prompts_matches_transformers_alone(family):
@@ -73,10 +74,8 @@ def test_chunked_prefill_and_preemption_give_the_same_tokens(family):
     name, path, prompts, expected = family
     # a 16-token budget splits every long prompt; a pool of 4-token blocks that holds the longest
     # sequence alone forces preemptions while several run
-    # (per cache group: gpt-oss has a full and a sliding-window group)
     longest = max(len(p) for p in prompts) + NEW_TOKENS
-    groups = 2 if name == "gpt_oss" else 1
-    llm = LLM(path, dtype="float32", max_num_batched_tokens=16, block_size=4, num_kv_blocks=(-(-longest // 4) + 1) * groups)
+    llm = LLM(path, dtype="float32", max_num_batched_tokens=16, block_size=4, num_kv_blocks=-(-longest // 4) + 1)
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert llm.scheduler.num_preemptions > 0
@@ -153,12 +152,11 @@ def test_generate_cli_streams_the_demo(capsys):
 
 
 def test_kv_pool_sized_from_a_memory_budget():
-    from dayzero.plan import cache_totals
-
-    llm = LLM(kv_cache_gib=0.01, max_num_seqs=4)
-    per_token, fixed = cache_totals(llm.model.spec, "bf16")
-    per_token, fixed = per_token * 2, fixed * 2  # float32 model: twice the bf16 plan
-    assert llm.scheduler.kv.pool.num_blocks == int((0.01 * 2**30 - 4 * fixed) // (per_token * 16))
+    llm = LLM(kv_cache_gib=0.01, max_num_seqs=4)  # the demo: a full group (compressed entries) and a window group
+    storage = llm.runner.storage
+    budget = 0.01 * 2**30
+    assert storage.nbytes <= budget < storage.nbytes + storage.page_bytes[0]  # the full group takes what is left
+    assert storage.num_blocks[1] == 4 * (-(-31 // 16) + 3) + 2048 // 16  # window 32: bounded by the requests
     with pytest.raises(ValueError, match="holds no block"):
         LLM(kv_cache_gib=1e-6)
     with pytest.raises(ValueError, match="leaves nothing for the KV cache"):
@@ -168,7 +166,7 @@ def test_kv_pool_sized_from_a_memory_budget():
         small.generate([[1, 2, 3]], SamplingParams(max_tokens=15))
 
 
-PAGED = ["deepseek_v3", "deepseek_v32", "gpt_oss", "kimi_linear"]
+PAGED = ["deepseek_v3", "deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear"]
 
 
 @pytest.mark.parametrize("name", PAGED)
@@ -186,11 +184,12 @@ def test_second_turn_reuses_the_first_and_computes_only_new_tokens(name, tmp_pat
     out2 = warm.generate([second], GREEDY)[0].token_ids
     assert out2 == cold.generate([second], GREEDY)[0].token_ids
     # turn 1 computed 70 + 5 tokens (the last answer token is never an input): 4 full blocks of 16
-    # hashed; KDA resumes from the state saved at the last block boundary it passed (64)
+    # hashed; states (KDA, V4 compressors) resume from the snapshot at the last block boundary
+    # passed (64); sliding-window groups still hold the blocks of the window before it
     reused = sched.num_prefix_cached_tokens - cached
     assert reused == 64
     assert sched.num_computed_tokens_total - computed == len(second) - reused + NEW_TOKENS - 1
-    if name == "kimi_linear":
+    if name in ("kimi_linear", "deepseek_v4"):  # KDA state / compressor windows resumed from a snapshot
         assert warm.runner.snapshots.restored == 1
     _assert_pool_free(warm)
     _assert_pool_free(cold)
@@ -202,4 +201,21 @@ def test_decode_steps_run_as_one_batched_forward(tmp_path):
     runner = llm.runner
     assert runner.num_decode_forwards == NEW_TOKENS - 1  # all four requests decode together
     assert runner.num_decode_rows == 4 * (NEW_TOKENS - 1)
+    _assert_pool_free(llm)
+
+
+def test_sliding_window_blocks_go_back_to_the_pool_while_generating(tmp_path):
+    llm = LLM(build_gpt_oss_checkpoint(tmp_path), dtype="float32", block_size=4, max_num_batched_tokens=16)
+    window = llm.runner.storage.layout.windows[1]
+    engine, kv = llm.engine, llm.scheduler.kv
+    ids, params = engine.validate(_prompts(llm.vocab_size, [40])[0], SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.add_request("r", ids, params)
+    most_full = 0
+    while engine.has_unfinished():
+        engine.step()
+        if "r" in kv.block_tables:  # after every step only the blocks of the last window - 1 tokens stay
+            assert len(kv.held_blocks("r", 1)) <= -(-(window - 1) // 4) + 1
+            most_full = max(most_full, len(kv.held_blocks("r", 0)))
+    assert most_full == -(-(40 + 19) // 4)  # the full-attention group keeps every block
+    engine.pop_finished("r")
     _assert_pool_free(llm)
