@@ -1,11 +1,13 @@
 """CPU overhead of the engine's bookkeeping per step, with 256 concurrent requests.
 
 Measures, in one run, per decode step of 256 running requests: the scheduler (schedule + update:
-block allocation, token accounting, stop checks), the batched sampler (greedy and top-p at the
-demo model's vocabulary), detokenization with stop-string checks, and, as the baseline the
-bookkeeping is weighed against, the model forward of the same step on the demo model through the
-current runner (one forward per request). Prints a table of microseconds per step and the ratio of
-each part to the model step.
+block allocation, token accounting, stop checks), the paged runner's step metadata (`build_step`:
+slot mapping and right-aligned read indices of every cache group and entry rate, from the block
+tables), the batched sampler (greedy and top-p at the demo model's vocabulary), detokenization with
+stop-string checks, and, as the baseline the bookkeeping is weighed against, the model forwards of
+the same step on the demo model through the engine's paged runner (DeepSeek-V4 decodes one row per
+forward), and the whole engine step. Prints a table of microseconds per step and the ratio of each
+part to the model step.
 
     python bench/scheduler.py [--requests 256] [--steps 20]
 """
@@ -77,29 +79,42 @@ def main() -> None:
 
     detok_us = timed(detok_step, max(3, steps // 4))
 
-    # baseline: the model's decode step for the same 256 requests through the current runner
-    model = llm.model
-    caches = []
-    with torch.no_grad():
-        for _ in range(n):
-            cache = model.new_cache(1)
-            ids = torch.randint(0, vocab, (1, args.prompt_len))
-            model(ids, torch.arange(args.prompt_len)[None], cache)
-            caches.append(cache)
+    # baseline: the demo model's decode step for 256 requests through the engine (paged runner)
+    from dayzero.cache.paged import build_step
 
-    def model_step():
-        with torch.no_grad():
-            for cache in caches:
-                model(torch.tensor([[5]]), torch.tensor([[cache.length]]), cache)
+    engine = LLM(max_num_seqs=n, max_num_batched_tokens=n * args.prompt_len, kv_cache_gib=1.0).engine
+    decode = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    for i in range(n):
+        engine.add_request(f"r{i}", torch.randint(0, vocab, (args.prompt_len,)).tolist(), decode)
+    engine.step()  # every prefill in one step
+    runner, kv = engine.runner, engine.scheduler.kv
+    forward_us: list[float] = []
+    execute = runner.execute
 
-    model_us = timed(model_step, 3)
+    def timed_execute(output):
+        t0 = time.perf_counter()
+        result = execute(output)
+        forward_us.append((time.perf_counter() - t0) * 1e6)
+        return result
+
+    runner.execute = timed_execute
+    engine_us = timed(engine.step, 3)
+    model_us = statistics.median(forward_us)
+    rids = [f"r{i}" for i in range(n)]
+    tables = [kv.block_tables[r] for r in rids]
+    starts = [engine.tracks[r].request.num_computed_tokens for r in rids]
+    slots = [runner.slots[r] for r in rids]
+    layout = runner.storage.layout
+    metadata_us = timed(lambda: build_step(tables, starts, 1, layout, kv.block_size, slots, "cpu"), steps)
 
     rows = [
         ("scheduler schedule + update", sched_us),
+        ("step metadata (build_step, all groups)", metadata_us),
         ("sampler, greedy", greedy_us),
         ("sampler, temperature + top-p, seeded", topp_us),
         ("detokenize + stop strings", detok_us),
         ("model decode step (baseline)", model_us),
+        ("whole engine step", engine_us),
     ]
     print(f"{n} concurrent requests in decode, prompt {args.prompt_len} tokens, vocab {vocab}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")

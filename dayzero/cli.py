@@ -194,6 +194,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float, default=None,
                    help="fraction of the device's memory (RAM on CPU) for weights + KV cache; sizes the KV "
                    "block pool (default: room for every running request at full context)")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache size in GiB (overrides --mem-fraction)")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto",
+                   help="KV cache entries in the model's dtype (auto) or FP8 E4M3 with a scale per 128 values")
+    p.add_argument("--disable-prefix-caching", action="store_true",
+                   help="do not reuse the KV blocks (and saved states) of earlier requests' prefixes")
     p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=None,
                    help="context length to serve (default: the model's, at most 8192)")
     p.add_argument("--device", default="cpu")

@@ -59,19 +59,21 @@ class Engine:
     def __init__(self, model: CausalLM, tokenizer=None, *, eos_token_ids: set[int] = frozenset(),
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
-                 enable_prefix_caching: bool = True, num_state_snapshots: int | None = None, seed: int = 0):
+                 enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
+                 kv_cache_dtype: str = "auto", seed: int = 0):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. Models with paged caches
         (`model.paged_cache`) keep their KV in the pool (PagedRunner) with prefix caching
         (enable_prefix_caching) and, if they carry recurrent state, num_state_snapshots saved states
-        (default max_num_seqs) from the same budget; the others run on the ContiguousRunner."""
+        (default max_num_seqs) from the same budget; the others run on the ContiguousRunner.
+        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (paged models only)."""
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = model.spec.vocab_size
         self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
         blocks_per_seq = -(-self.max_model_len // block_size)
         if model.paged_cache:
-            layout = probe_layout(model)
+            layout = probe_layout(model).with_kv_cache_dtype(kv_cache_dtype)
             stateful = bool(layout.states)
             if num_state_snapshots is None:
                 num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0
@@ -93,6 +95,9 @@ class Engine:
             storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
             self.runner: PagedRunner | ContiguousRunner = PagedRunner(model, kv, storage, snapshots)
         else:
+            if kv_cache_dtype != "auto":
+                raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} needs a paged model; {type(model).__name__} "
+                                 f"runs on the contiguous runner, which keeps the model's dtype (use 'auto')")
             if num_kv_blocks is None and kv_cache_bytes is not None:
                 num_kv_blocks = kv_blocks_for_budget(model, kv_cache_bytes, block_size, max_num_seqs)
             if num_kv_blocks is None:

@@ -55,11 +55,13 @@ class LLM:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gib: float | None = None,
                  mem_fraction: float | None = None, enable_prefix_caching: bool = True,
-                 num_state_snapshots: int | None = None, seed: int = 0, progress: bool = False):
+                 num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
+                 progress: bool = False):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
-        with recurrent state, num_state_snapshots saved states; default max_num_seqs)."""
+        with recurrent state, num_state_snapshots saved states; default max_num_seqs).
+        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (FP8 entries, a scale per 128 values)."""
         from dayzero.models import load_model
 
         if dtype not in DTYPES:
@@ -78,7 +80,7 @@ class LLM:
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
                              kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
-                             num_state_snapshots=num_state_snapshots, seed=seed)
+                             num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed)
         self.vocab_size = self.engine.vocab_size
         self.max_model_len = self.engine.max_model_len
         self._ids = itertools.count()

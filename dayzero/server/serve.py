@@ -27,10 +27,14 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
         raise ValueError(f"--mem-fraction must be in (0, 1], got {args.mem_fraction}")
+    if args.kv_cache_gib is not None and args.kv_cache_gib <= 0:
+        raise ValueError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
     started = time.perf_counter()
     llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests,
               max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
-              max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, seed=args.seed, progress=True)
+              max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
+              kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
+              seed=args.seed, progress=True)
     pool = llm.scheduler.kv.pool
     print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} tokens, "
           f"KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
@@ -38,7 +42,9 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
         max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
         extra_info={"host": args.host, "port": args.port, "chunked_prefill_size": args.chunked_prefill_size,
-                    "mem_fraction": args.mem_fraction, "device": args.device,
+                    "mem_fraction": args.mem_fraction, "kv_cache_gib": args.kv_cache_gib,
+                    "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": not args.disable_prefix_caching,
+                    "device": args.device,
                     "dtype": args.dtype})
     app = create_app(llm, config)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

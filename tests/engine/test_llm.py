@@ -5,7 +5,10 @@ with chunked prefill and with preemption; bad input is rejected before anything 
 import pytest
 import torch
 
+from dayzero.cache import BlockPool, KVCacheManager
+from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, StreamSpec, build_step
 from dayzero.engine import SamplingParams
+from dayzero.engine.request import Request
 from dayzero.engine.llm import LLM
 from dayzero.verify import load_reference
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
@@ -219,3 +222,76 @@ def test_sliding_window_blocks_go_back_to_the_pool_while_generating(tmp_path):
     assert most_full == -(-(40 + 19) // 4)  # the full-attention group keeps every block
     engine.pop_finished("r")
     _assert_pool_free(llm)
+
+
+class _Fp8SimulatedLayer:
+    """A contiguous cache layer whose streams round-trip through torch's float8_e4m3fn with a scale
+    per 128 values (amax / 448), as an FP8 KV cache stores them; states stay as they are."""
+
+    def __init__(self):
+        self.streams, self.states = {}, {}
+
+    def append(self, name, new, window=None, rate=1):
+        groups = new.float().split(128, dim=-1)
+        new = torch.cat([(g / (g.abs().amax(-1, keepdim=True) / 448)).to(torch.float8_e4m3fn).float()
+                         * (g.abs().amax(-1, keepdim=True) / 448) for g in groups], dim=-1).to(new.dtype)
+        old = self.streams.get(name)
+        self.streams[name] = new if old is None else torch.cat([old, new], dim=1)
+        return self.streams[name]
+
+    def lens(self, name):
+        return None
+
+    def get(self, name, default=None):
+        return self.states.get(name, default)
+
+    def __contains__(self, name):
+        return name in self.states
+
+    def __getitem__(self, name):
+        return self.states[name]
+
+    def __setitem__(self, name, value):
+        self.states[name] = value
+
+
+@pytest.mark.parametrize("name", ["deepseek_v32", "gpt_oss", "kimi_linear"])
+def test_fp8_kv_cache_equals_the_model_on_fp8_rounded_keys(name, tmp_path):
+    path = FAMILIES[name][0](tmp_path)
+    exact, fp8 = LLM(path, dtype="float32"), LLM(path, dtype="float32", kv_cache_dtype="fp8_e4m3")
+    assert fp8.runner.storage.page_bytes[0] < exact.runner.storage.page_bytes[0] / 2.5  # 1 B + scales vs 4 B
+    prompts = _prompts(exact.vocab_size, [5, 30, 41])
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=1)
+    model = fp8.model
+    for prompt, out in zip(prompts, fp8.generate(prompts, params)):
+        cache = model.new_cache(1)
+        cache.layers = [_Fp8SimulatedLayer() for _ in cache.layers]
+        ids = prompt + out.token_ids
+        with torch.no_grad():  # prefill, then one token at a time, as the engine ran it
+            logits = [model(torch.tensor([prompt]), torch.arange(len(prompt))[None], cache)[0, -1]]
+            for i in range(len(prompt), len(ids) - 1):
+                logits.append(model(torch.tensor([[ids[i]]]), torch.tensor([[i]]), cache)[0, -1])
+        for lp, step in zip(out.outputs[0].logprobs, logits):
+            assert lp.token_id == int(step.argmax())
+            assert abs(lp.logprob - float(torch.log_softmax(step, -1)[lp.token_id])) < 1e-4
+    with pytest.raises(ValueError, match="kv_cache_dtype 'fp4' is not supported"):
+        LLM(path, dtype="float32", kv_cache_dtype="fp4")
+    _assert_pool_free(fp8)
+
+
+def test_fp8_kv_stream_round_trip_matches_torch_float8():
+    kv = KVCacheManager([BlockPool(8)], 4, enable_prefix_caching=False)
+    layout = CacheLayout([StreamSpec(0, "k", (2, 200), torch.float32, None)], []).with_kv_cache_dtype("fp8_e4m3")
+    storage = PagedKVStorage(layout, [8], 4, 1, 0, "cpu")
+    req = Request("a", list(range(6)))
+    kv.match_prefix(req)
+    assert kv.allocate_slots(req, 6)
+    ctx = build_step([kv.block_tables["a"]], [0], 6, layout, 4, [0], "cpu")
+    x = torch.randn(1, 6, 2, 200) * torch.logspace(-3, 3, 200)
+    got = PagedStepCache(storage, ctx, 1).layers[0].append("k", x)
+    # independently: per 128 values scale = amax / 448, torch's own float8 rounding
+    groups = [x[..., :128], x[..., 128:]]
+    want = torch.cat([(g / (g.abs().amax(-1, keepdim=True) / 448)).to(torch.float8_e4m3fn).float()
+                      * (g.abs().amax(-1, keepdim=True) / 448) for g in groups], dim=-1)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    kv.free(req)
