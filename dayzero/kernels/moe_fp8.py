@@ -10,16 +10,17 @@ Layouts:
         (DeepSeek weight_scale_inv, one per 128 x 128 block: W_SCALE_ROWS = 128); slot = expert.
     activations, TERMS (1 or 2) FP8 terms per value, one float32 scale per (row, 128 of K):
         a float8_e4m3fn [rows, TERMS, K], a_scale float32 [rows, ceil(K/128)]
-        x ~= (a[:, 0] + a[:, 1] / 16) * a_scale[:, k // 128]
+        x ~= (a[:, 0] + a[:, 1]) * a_scale[:, k // 128]
         term 0 = x / scale rounded to E4M3 (scale = amax / 448, as dayzero.formats.fp8 "float32");
-        term 1 = (x - term 0 * scale) / (scale / 16) rounded: what term 0 left, at 16x the resolution
-        (the remainder is at most half an E4M3 step, 16 units of term 0 at the top binade, so term 1
-        stays within 256 < 448).
+        term 1 = (x - term 0 * scale) / scale rounded: what term 0 left. E4M3 is a floating format, so
+        the remainder keeps 3 significant bits at the same scale until it falls below 2^-6 (only for
+        elements 2^-10 of the group's largest); a separate scale for it measured no better.
 Why two terms: E4M3 keeps 3 mantissa bits, so one term costs about 2.5% relative error per GEMM
 (2.6e-2 measured in float32 for a 2880-deep product on random data); two terms give 6e-4, below a
 bf16 rounding of the activations (1.7e-3), as issue 7's 0.5% end-to-end target needs. They cost two
 FP8 MMAs per weight tile (the tensor-core time of one bf16 MMA) and read the weights at 1 byte per
-parameter. `DAYZERO_MOE_B_TERMS=1` selects plain W8A8 (one term).
+parameter; the two products accumulate in one chain (acc = W a0, then W a1 + acc).
+`DAYZERO_MOE_B_TERMS=1` selects plain W8A8 (one term).
 
 The GEMM computes the transposed product like moe_gemm (weights are the left MMA operand,
 acc[BLOCK_N, BLOCK_M]), with BLOCK_K = 128, the scale group: each K step's FP8 product is taken in
@@ -37,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, GemmConfig, choose_config, interpreting
+from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, GemmConfig, interpreting
 
 GROUP = 128  # K values per scale, weights and activations
 TERMS_ENV = "DAYZERO_MOE_B_TERMS"
@@ -55,35 +56,31 @@ def activation_terms() -> int:
 
 # -- MXFP4 -> FP8 conversion ----------------------------------------------------------------------
 
-@triton.jit
-def _e2m1_to_e4m3(code, r):
-    """E4M3 byte (int32) of e2m1(code) * 2^r, rounded to nearest even where it falls below E4M3's normal
-    range (mxfp4_fp8's out-of-window blocks); integer arithmetic only, so the bytes are the same on
-    the GPU and under the interpreter. e2m1 magnitude codes 2..7 are (1 + m/2) 2^E with E = code/2 - 1,
-    m = code & 1; code 1 is 0.5 = 2^-1. r <= 6 keeps the result <= 384."""
-    mag = code & 7
-    m = tl.where(mag >= 2, mag & 1, 0)
-    p = tl.where(mag >= 2, (mag >> 1) - 1, -1) + r  # unbiased exponent of the result
-    normal = ((p + 7) << 3) | (m << 2)
-    # Subnormal (p < -6): value in units of 2^-9 is (4 + 2m) * 2^(p + 7), i.e. (4 + 2m) >> s, s = -(p + 7).
-    n = 4 + 2 * m
-    s = tl.minimum(tl.maximum(-(p + 7), 0), 8)
-    q = n >> s
-    rem = n - (q << s)
-    half = (1 << s) >> 1
-    round_up = (s > 0) & ((rem > half) | ((rem == half) & ((q & 1) == 1)))
-    sub = q + round_up.to(tl.int32)
-    return ((code & 8) << 4) | tl.where(mag == 0, 0, tl.where(p >= -6, normal, sub))
+SHIFT_MIN = -20  # mxfp4_fp8 clamps r = e_b - e_ref to [-20, 6]: below -20 every E2M1 value rounds to zero
+
+
+@functools.cache
+def conversion_table(device: torch.device) -> torch.Tensor:
+    """int16 [27 * 256]: entry (r - SHIFT_MIN) * 256 + b holds the two E4M3 bytes (even k low) of the packed
+    E2M1 byte b times 2^r, for r in [-20, 6]: torch's float32 -> float8_e4m3fn conversion (round to
+    nearest even) of exact float32 values, as mxfp4_fp8.mxfp4_to_fp8 computes them. 13.8 KB, L1-resident."""
+    from dayzero.formats.mxfp4 import decode_e2m1_pairs, exp2_float32
+
+    shifts = torch.arange(SHIFT_MIN, 7)
+    pairs = decode_e2m1_pairs(torch.arange(256, dtype=torch.uint8)).view(1, 256, 2)
+    values = pairs * exp2_float32(shifts).view(-1, 1, 1)  # exact in float32
+    return values.to(torch.float8_e4m3fn).view(torch.uint8).contiguous().view(torch.int16).view(-1).to(device)
 
 
 @triton.jit
-def _convert_kernel(blocks_ptr, scales_ptr, experts_ptr, slots_ptr, out_ptr, out_scale_ptr, oow_ptr,
+def _convert_kernel(blocks_ptr, scales_ptr, experts_ptr, slots_ptr, table_ptr, out_ptr, out_scale_ptr, oow_ptr,
                     N, NB: tl.constexpr, G: tl.constexpr,
                     stride_be, stride_bn, stride_se, stride_sn, stride_oe, stride_on, stride_ose, stride_osn,
                     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
     """Rows n of expert experts[p] -> slot slots[p]: GROUPS scale groups (4 MXFP4 blocks each) per program.
-    blocks uint8 [E, N, NB, 16], scales uint8 [E, N, NB]; out uint8 (E4M3 bytes) [slots, N, 32 NB],
-    out_scale float32 [slots, N, G]; oow int32 [1] += blocks out of the E4M3 window."""
+    blocks uint8 [E, N, NB, 16], scales uint8 [E, N, NB]; out int16 (two E4M3 bytes) [slots, N, 16 NB],
+    out_scale float32 [slots, N, G]; oow int32 [1] += blocks out of the E4M3 window. One table lookup
+    per packed byte (conversion_table)."""
     p = tl.program_id(0)
     expert = tl.load(experts_ptr + p).to(tl.int64)
     slot = tl.load(slots_ptr + p).to(tl.int64)
@@ -97,20 +94,19 @@ def _convert_kernel(blocks_ptr, scales_ptr, experts_ptr, slots_ptr, out_ptr, out
     nan_block = sc == 255  # padding past NB loads as NaN: no part in the group max, not counted
     block_exp = sc - 127
     group_exp = tl.max(tl.where(nan_block, -(1 << 20), block_exp), axis=2)  # [BLOCK_N, GROUPS]
-    shift = block_exp - (group_exp[:, :, None] - 6)
+    shift = block_exp - (group_exp[:, :, None] - 6)  # <= 6
     lossy = tl.sum(tl.sum(tl.sum(((shift < -8) & ~nan_block).to(tl.int32), axis=2), axis=1), axis=0)
     tl.atomic_add(oow_ptr, lossy, mask=lossy > 0)  # rare: no contention on the counter
 
-    byte_ptrs = (blocks_ptr + expert * stride_be + offs_n[:, None, None, None] * stride_bn
-                 + blk[None, :, :, None] * 16 + tl.arange(0, 16)[None, None, None, :])
-    packed = tl.load(byte_ptrs, mask=mask[:, :, :, None], other=0).to(tl.int32)  # [BN, GROUPS, 4, 16]
-    codes = tl.join(packed & 15, packed >> 4)  # [BN, GROUPS, 4, 16, 2]: even k in the low nibble
-    fp8 = _e2m1_to_e4m3(codes, shift[:, :, :, None, None])
-    fp8 = tl.where(nan_block[:, :, :, None, None], 0x7F, fp8)
-    fp8 = tl.reshape(fp8, [BLOCK_N, GROUPS * 128])
-    offs_k = tl.program_id(2) * GROUPS * 128 + tl.arange(0, GROUPS * 128)
-    tl.store(out_ptr + slot * stride_oe + offs_n[:, None] * stride_on + offs_k[None, :], fp8.to(tl.uint8),
-             mask=n_mask[:, None] & (offs_k < NB * 32)[None, :])
+    row = (tl.minimum(tl.maximum(shift, -20), 6) + 20) * 256  # table row of the shift (NaN blocks: any row)
+    byte_offs = blk[None, :, :, None] * 16 + tl.arange(0, 16)[None, None, None, :]  # [1, GROUPS, 4, 16]
+    full = mask[:, :, :, None] & (byte_offs >= 0)
+    packed = tl.load(blocks_ptr + expert * stride_be + offs_n[:, None, None, None] * stride_bn + byte_offs,
+                     mask=full, other=0).to(tl.int32)
+    pair = tl.load(table_ptr + row[:, :, :, None] + packed, mask=full, other=0)
+    pair = tl.where(nan_block[:, :, :, None], 0x7F7F, pair)  # NaN block: E4M3 NaN, like the reference
+    tl.store(out_ptr + slot * stride_oe + offs_n[:, None, None, None] * stride_on + byte_offs, pair.to(tl.int16),
+             mask=full)
 
     e_ref = tl.maximum(group_exp - 6, -149)
     bits = tl.where(e_ref >= -126, (e_ref + 127) << 23, 1 << tl.minimum(tl.maximum(e_ref + 149, 0), 22))
@@ -142,27 +138,35 @@ def convert_mxfp4_to_fp8(blocks, scales, experts: torch.Tensor, slots: torch.Ten
         return
     block_n, groups = (128, 8) if interpreting() else (32, 2)  # the interpreter pays per program
     grid = (n, triton.cdiv(N, block_n), triton.cdiv(G, groups))
-    _convert_kernel[grid](blocks, scales, experts, slots, out.view(torch.uint8), out_scale, out_of_window,
-                          N, NB, G, blocks.stride(0), blocks.stride(1), scales.stride(0), scales.stride(1),
-                          out.stride(0), out.stride(1), out_scale.stride(0), out_scale.stride(1),
-                          BLOCK_N=block_n, GROUPS=groups, num_warps=4)
+    pairs = out.view(torch.int16)
+    _convert_kernel[grid](blocks, scales, experts, slots, conversion_table(blocks.device), pairs, out_scale,
+                          out_of_window, N, NB, G, blocks.stride(0), blocks.stride(1), scales.stride(0),
+                          scales.stride(1), pairs.stride(0), pairs.stride(1), out_scale.stride(0),
+                          out_scale.stride(1), BLOCK_N=block_n, GROUPS=groups, num_warps=4)
 
 
 # -- activation quantization ----------------------------------------------------------------------
 
 @triton.jit
-def _to_e4m3(v, INTERPRET: tl.constexpr):
-    """float32 -> E4M3, round to nearest even, saturating at 448."""
+def _round_e4m3(v):
+    """float32 -> the nearest E4M3 value (ties to even), as float32, saturating at +-448: 3 mantissa bits
+    by integer rounding of the float32 bits, steps of 2^-9 below 2^-6 (E4M3's subnormals)."""
     v = tl.minimum(tl.maximum(v, -448.0), 448.0)
-    if INTERPRET:  # the interpreter's own rounding drops carries into the exponent (127 -> 64): round here
-        bits = v.to(tl.int32, bitcast=True)
-        normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # 3 mantissa bits
-        subnormal = ((tl.abs(v) * 512.0 + 12582912.0) - 12582912.0) / 512.0  # steps of 2^-9 below 2^-6
-        subnormal = tl.where(bits < 0, -subnormal, subnormal)  # keeps the sign of values rounding to 0
-        v = tl.where(tl.abs(v) < 0.015625, subnormal, normal)
-        q = v.to(tl.float8e4nv).to(tl.uint8, bitcast=True) | tl.where(bits < 0, 0x80, 0).to(tl.uint8)  # -0 too
-        return q.to(tl.float8e4nv, bitcast=True)
-    return v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    bits = v.to(tl.int32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    subnormal = ((tl.abs(v) * 512.0 + 12582912.0) - 12582912.0) / 512.0  # 1.5 * 2^23: round to an integer
+    subnormal = (subnormal.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)  # sign
+    return tl.where(tl.abs(v) < 0.015625, subnormal, normal)
+
+
+@triton.jit
+def _as_e4m3(r, INTERPRET: tl.constexpr):
+    """E4M3 of a float32 already on the E4M3 grid (_round_e4m3): exact in any rounding mode."""
+    q = r.to(tl.float8e4nv)
+    if INTERPRET:  # the interpreter drops the sign of -0
+        q = (q.to(tl.uint8, bitcast=True) | tl.where(r.to(tl.int32, bitcast=True) < 0, 0x80, 0).to(tl.uint8))
+        q = q.to(tl.float8e4nv, bitcast=True)
+    return q
 
 
 @triton.jit
@@ -171,10 +175,11 @@ def _quantize_terms(v, AXIS: tl.constexpr, TERMS: tl.constexpr, INTERPRET: tl.co
     amax = tl.max(tl.abs(v), axis=AXIS)
     scale = tl.maximum(amax / 448.0, 1.1754943508222875e-38)  # 2^-126 for all-zero groups, like formats.fp8
     s = tl.expand_dims(scale, AXIS)
-    q0 = _to_e4m3(v / s, INTERPRET)
+    r0 = _round_e4m3(v / s)
+    q0 = _as_e4m3(r0, INTERPRET)
     q1 = q0
     if TERMS == 2:
-        q1 = _to_e4m3((v - q0.to(tl.float32) * s) / (s * 0.0625), INTERPRET)
+        q1 = _as_e4m3(_round_e4m3((v - r0 * s) / s), INTERPRET)
     return q0, q1, scale
 
 
@@ -211,10 +216,7 @@ def quantize_activations(x: torch.Tensor, terms: int) -> tuple[torch.Tensor, tor
 
 def dequantize_activations(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """The float32 value quantize_activations' terms stand for (test oracle)."""
-    value = q[:, 0].float()
-    if q.shape[1] == 2:
-        value = value + q[:, 1].float() / 16
-    return value * s.repeat_interleave(GROUP, dim=1)[:, :q.shape[2]]
+    return q.float().sum(1) * s.repeat_interleave(GROUP, dim=1)[:, :q.shape[2]]
 
 
 # -- FP8 grouped GEMM -----------------------------------------------------------------------------
@@ -222,7 +224,7 @@ def dequantize_activations(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _scaled_dot(w_base, w_scale_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn, stride_sn,
                 W_SCALE_ROWS: tl.constexpr, TERMS: tl.constexpr, INTERPRET: tl.constexpr):
-    """float32 [BLOCK_N, BLOCK_M]: one 128-deep K group of W x A^T with both scales applied."""
+    """float32 [BLOCK_N, BLOCK_M]: one 128-deep K group of W x (A0 + A1)^T with both scales applied."""
     w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                 other=0.0)
     w_scale = tl.load(w_scale_base + (offs_n // W_SCALE_ROWS) * stride_sn + g, mask=n_mask, other=0.0)
@@ -230,8 +232,7 @@ def _scaled_dot(w_base, w_scale_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1,
         w = w.to(tl.float32)
     p = tl.dot(w, a0)
     if TERMS == 2:
-        p = tl.dot(w, a1, p * 16.0)  # 16 * (W a0 + W a1 / 16), exact power-of-two rescaling
-        w_scale = w_scale * 0.0625
+        p = tl.dot(w, a1, p)
     return p * (w_scale[:, None] * a_scale[None, :])
 
 
@@ -321,14 +322,15 @@ def _fp8_gemm_kernel(
 
 
 def choose_fp8_configs(num_pairs: int, num_experts: int, inter: int, hidden: int) -> tuple[GemmConfig, GemmConfig]:
-    """(gate/up, down) tiles from static sizes: BLOCK_M as path A picks it up to 64 (two float32
-    accumulators of 128 x 64 per CTA in the gate/up GEMM), BLOCK_N 128 (the gate/up GEMM quantizes h
-    per 128 outputs), BLOCK_K 128 (the scale group)."""
-    block_m = min(64, choose_config(num_pairs, num_experts, inter, False, True).block_m)
-    warps = 4 if block_m <= 32 else 8
-    stages = 4 if block_m <= 32 else 3
-    return (GemmConfig(block_m, 128, GROUP, warps, stages),
-            GemmConfig(block_m, 128 if block_m >= 64 else 64, GROUP, warps, stages))
+    """(gate/up, down) tiles from static sizes: BLOCK_N 128 (the gate/up GEMM quantizes h per 128
+    outputs), BLOCK_K 128 (the scale group), BLOCK_M from the average rows per active expert, at most
+    64 (two float32 accumulators of 128 x 64 per CTA in the gate/up GEMM; 128 spills). The best of a
+    tile sweep on the H200 (bench/moe.py --b-sweep, 2026-11-30) at 128 to 8192 tokens on both models."""
+    rows = num_pairs / max(1, min(num_experts, num_pairs))
+    if rows < 8:
+        return GemmConfig(16, 128, GROUP, 4, 4), GemmConfig(16, 64, GROUP, 4, 4)
+    block_m = 32 if rows < 40 else 64
+    return GemmConfig(block_m, 128, GROUP, 8, 3), GemmConfig(block_m, 128, GROUP, 8, 3)
 
 
 def fp8_grouped_gemm(a, a_scale, w, w_scale, slot_of_expert, bias, d, *, out_features: int, gather: bool,

@@ -28,9 +28,13 @@ from dayzero.kernels.moe_gemm import moe_layer
 PATH_ENV = "DAYZERO_MOE_PATH"
 B_MIN_TOKENS_ENV = "DAYZERO_MOE_B_MIN_TOKENS"
 PATHS = ("auto", "a", "b")
-# Tokens per call from which auto picks path B. To be set from the H200 measurements of bench/moe.py
-# (--paths A B): the smallest token count at which B, cold workspace, beats A on both model shapes.
-DEFAULT_B_MIN_TOKENS = 1024
+# Tokens per call from which auto picks path B, from the H200 measurements of bench/moe.py --paths A B
+# --prefetch (2026-11-30, docs/kernels.md): per layer, path A eager vs path B with a cold workspace /
+# in the steady state of a 2.2-layer workspace with prefetch, gpt-oss-120b: 4.06 vs 5.72 / 5.18 ms at
+# 2048 tokens, 6.84 vs 7.01 / 6.23 ms at 4096, 11.6 vs 9.78 / 9.05 ms at 8192; DeepSeek-V4: 7.24 vs
+# 9.23 / 7.68 ms at 2048, 11.0 vs 11.2 / 10.1 ms at 4096, 18.9 vs 15.2 / 14.3 ms at 8192. With a warm
+# workspace B wins from 512 tokens (a workspace holding every layer's experts makes that the case).
+DEFAULT_B_MIN_TOKENS = 4096
 
 
 def _setting_path() -> str:

@@ -49,21 +49,22 @@ def _check_conversion(device, shape, k, scale_range, seed):
         assert torch.equal(out[s].view(torch.uint8).cpu(), ref.values[e].view(torch.uint8))
         assert torch.equal(out_scale[s].view(torch.int32).cpu(), ref.scales[e].view(torch.int32))
     assert torch.equal(out[0].view(torch.uint8).cpu(), torch.full((N, k), 0x44, dtype=torch.uint8))  # untouched
-    assert int(oow) == ref.out_of_window_blocks > 0
+    assert int(oow) == ref.out_of_window_blocks
+    return int(oow)
 
 
 @interpreter
 def test_conversion_bytes_equal_reference_folding_interpreted():
     """E4M3 bytes and float32 scales equal mxfp4_fp8.mxfp4_to_fp8 exactly: every code, wide scale ranges
     (out-of-window blocks rounded into E4M3 subnormals), NaN blocks, a partial last 128-group (K = 352)."""
-    _check_conversion("cpu", (3, 20), 352, (100, 140), 0)
+    assert _check_conversion("cpu", (3, 20), 352, (100, 140), 0) > 0
 
 
 @interpreter
 @pytest.mark.parametrize("terms", [1, 2])
 def test_activation_terms_equal_torch_quantization_interpreted(terms):
     """Term 0 is formats.fp8.quantize_activation_groups (float32 scales) byte for byte; term 1 is the
-    remainder quantized at scale / 16."""
+    remainder at the same scale."""
     from dayzero.formats.fp8 import quantize_activation_groups
     from dayzero.kernels.moe_fp8 import dequantize_activations, quantize_activations
 
@@ -73,7 +74,7 @@ def test_activation_terms_equal_torch_quantization_interpreted(terms):
     assert torch.equal(q[:, 0].view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
     if terms == 2:
         scale = s.repeat_interleave(128, dim=1)[:, :200]
-        rest = ((x - q0.float() * scale) / (scale / 16)).clamp(-448, 448).to(torch.float8_e4m3fn)
+        rest = ((x - q0.float() * scale) / scale).to(torch.float8_e4m3fn)
         assert torch.equal(q[:, 1].view(torch.uint8), rest.view(torch.uint8))
     assert rel_err(dequantize_activations(q, s), x) < (1e-3 if terms == 2 else 4e-2)
 
@@ -341,8 +342,8 @@ def test_fp8_op_guards_name_the_tensor(change, name):
 
 @cuda
 def test_conversion_bytes_equal_reference_folding_cuda():
-    _check_conversion("cuda", (4, 96), 2880, (90, 140), 1)
-    _check_conversion("cuda", (2, 64), 4096, (118, 127), 2)
+    assert _check_conversion("cuda", (4, 96), 2880, (90, 140), 1) > 0
+    assert _check_conversion("cuda", (2, 64), 4096, (118, 127), 2) == 0  # a 9-binade range: all in the window
 
 
 @cuda
@@ -422,4 +423,4 @@ def test_prefetch_on_a_side_stream_cuda(model_layers):
         for layer, (ids, w), ref in zip(layers, routes, want):
             assert torch.equal(moe_experts_mxfp4_fp8(x, ids, w, layer, act, ws), ref)
     s = ws.stats
-    assert s.prefetched > 0 and s.prefetch_hits > 0 and s.prefetch_hit_rate > 0.9
+    assert s.prefetched > 0 and s.prefetch_hit_rate > 0.8  # all but the last call's prefetch are used
