@@ -1,8 +1,10 @@
-"""One routed-expert (MoE) layer on the GPU: path A (MXFP4 fused Triton), path C (bf16 Triton) and
-BF16 torch._grouped_mm, against the measured copy bandwidth and bf16 matmul rate.
+"""One routed-expert (MoE) layer on the GPU: path A (MXFP4 fused Triton), path B (MXFP4 -> FP8 workspace,
+FP8 Triton GEMM), path C (bf16 Triton) and BF16 torch._grouped_mm, against the measured copy bandwidth
+and bf16 / FP8 matmul rates.
 
-    python bench/moe.py                      # both models, tokens 1 8 32 128 512 2048 8192
+    python bench/moe.py                      # both models, tokens 1 8 32 128 512 2048 8192, all paths
     python bench/moe.py --models gpt-oss-120b --tokens 1 32 --reps 20
+    python bench/moe.py --paths A B --tokens 512 2048 8192 --prefetch   # path B, and its prefetch
 
 Method (see /work/shared/research/moe_anchor.md): uniform random top-k routing (distinct experts
 per token), random E8M0 scales and codes (never zeros); each timed call uses the next of several
@@ -11,6 +13,13 @@ weight copies whose total exceeds the L2, so the weights come from HBM; CUDA eve
 Bandwidth = MXFP4 (or bf16) bytes of the distinct experts the step activates / time, against a
 device-to-device copy (bytes read + written). TFLOP/s = 2 * tokens * top_k * 3 * H * I / time.
 Error: relative Frobenius error of each path against the exact MXFP4 layer in float32.
+Path B (its own table; eager only: it synchronises with the host once per call): "cold" empties the
+workspace before each call (host sync + conversion of every active expert + GEMMs), "warm" finds
+every expert resident (a workspace of copies x E slots); % FP8 = warm TFLOP/s over a torch._scaled_mm
+8192^3 e4m3 product measured in the same run; out-of-window = MXFP4 blocks converted lossily.
+--prefetch: three layers (the weight copies) called in turn for several steps with a workspace of
+2.2 layers' active experts, so each step reconverts; time per layer with the prefetch off and on, and
+its hit rate, with the routing repeated each step (the best case) and drawn afresh (uniform, the worst).
 """
 
 from __future__ import annotations
@@ -65,6 +74,15 @@ def matmul_rate() -> float:
     return 2 * 8192**3 / (ms * 1e-3)
 
 
+def fp8_matmul_rate() -> float:
+    """FLOP/s of an 8192^3 float8_e4m3fn torch._scaled_mm (tensor-wise scales, bf16 out) on random data."""
+    a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    ms = median_ms(lambda i: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), 10, 1)
+    return 2 * 8192**3 / (ms * 1e-3)
+
+
 def random_experts(E, H, I, bias, gen) -> ExpertWeights:
     def mx(n, k):
         blocks = torch.randint(0, 256, (E, n, k // 32, 16), dtype=torch.uint8, device="cuda", generator=gen)
@@ -113,7 +131,7 @@ def rel_err(a, b) -> float:
 
 
 def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, bw: float, flops: float, out_rows: list,
-                paths: tuple[str, ...]):
+                paths: tuple[str, ...], fp8_flops: float = 0.0, prefetch: bool = False, sweep: bool = False):
     from dayzero.kernels.moe_bf16 import moe_experts_bf16
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -134,11 +152,18 @@ def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, b
           f"MXFP4 {mx_bytes / 2**20:.2f} MiB, bf16 {bf_bytes / 2**20:.2f} MiB; {copies} weight copies "
           f"({copies * E * mx_bytes / 1e9:.1f} GB MXFP4) vs L2 {l2_bytes / 1e6:.0f} MB", flush=True)
     fns = {
-        "A": lambda x, i, w, s: moe_experts_mxfp4(x, i, w, mx_sets[s], act),
+        "A": lambda x, i, w, s: moe_experts_mxfp4(x, i, w, mx_sets[s], act, path="a"),
         "C": lambda x, i, w, s: moe_experts_bf16(x, i, w, bf_sets[s], act),
         "grouped_mm": lambda x, i, w, s: grouped_mm_layer(x, i, w, bf_sets[s], act),
     }
     fns = {p: f for p, f in fns.items() if p in paths}
+    ws = None
+    if "B" in paths:
+        from dayzero.kernels.fp8_workspace import Fp8Workspace, expert_slot_bytes
+
+        ws = Fp8Workspace(copies * E * expert_slot_bytes(I, H), "cuda", prefetch=False)
+        print(f"path B: FP8 expert {expert_slot_bytes(I, H) / 2**20:.2f} MiB, workspace {ws.capacity_bytes / 2**30:.1f} GiB",
+              flush=True)
     for T in tokens_list:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
@@ -168,8 +193,114 @@ def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, b
             row[f"tflops_{p}"] = 2 * T * k * params / t / 1e12
         if "A" in fns and "C" in fns:
             row["A_over_C"] = row["graph_us_A"] / row["graph_us_C"]
+        if ws is not None:
+            bench_path_b(row, ws, mx_sets, x, ids, w, act, ref, reps, copies, 2 * T * k * params,
+                         distinct * (mx_bytes + expert_slot_bytes(I, H)), bw, fp8_flops, b_sweep(T, k, E, I, H) if sweep else ())
+            if prefetch:
+                bench_prefetch(row, mx_sets, x, ids, w, act, T, E, k, I, H, gen)
+            if "A" in fns:
+                row["A_over_B_cold"] = row["eager_us_A"] / row["cold_us_B"]
+                row["A_over_B_warm"] = row["eager_us_A"] / row["warm_us_B"]
         out_rows.append(row)
         print(format_row(row, fns), flush=True)
+        if ws is not None:
+            print("    " + format_b(row), flush=True)
+
+
+def bench_path_b(row, ws, mx_sets, x, ids, w, act, ref, reps, copies, flop, convert_bytes, bw, fp8_flops, sweep):
+    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
+
+    def cold(s):
+        ws.clear()
+        return moe_experts_mxfp4_fp8(x, ids, w, mx_sets[s], act, ws)
+
+    ws.clear()
+    ws.reset_stats()
+    out = cold(0)
+    row["oow_B"] = ws.stats.out_of_window_blocks
+    row["err_B"] = rel_err(out, ref)
+    row["cold_us_B"] = 1e3 * median_ms(cold, reps, copies)
+    row["warm_us_B"] = 1e3 * median_ms(lambda s: moe_experts_mxfp4_fp8(x, ids, w, mx_sets[s], act, ws), reps, copies)
+    t = row["warm_us_B"] * 1e-6
+    row["tflops_B"] = flop / t / 1e12
+    row["fp8_pct_B"] = 100 * flop / t / fp8_flops
+    row["convert_bw_pct_B"] = 100 * convert_bytes / ((row["cold_us_B"] - row["warm_us_B"]) * 1e-6) / bw
+    for c1, c2 in sweep:  # tile sweep (--b-sweep): warm time per config pair
+        us = 1e3 * median_ms(lambda s: moe_experts_mxfp4_fp8(x, ids, w, mx_sets[s], act, ws, configs=(c1, c2)), reps, copies)
+        print(f"    sweep B T={x.shape[0]} {c1} {c2}: {us:.1f} us", flush=True)
+
+
+def b_sweep(T, k, E, I, H):
+    """Path B tile pairs to time (--b-sweep): the default and its neighbours."""
+    from dayzero.kernels.moe_fp8 import choose_fp8_configs
+    from dayzero.kernels.moe_gemm import GemmConfig
+
+    pairs = [choose_fp8_configs(T * k, E, I, H)]
+    for bm, warps, stages, bn2 in ((16, 4, 4, 64), (32, 8, 3, 128), (64, 8, 3, 128), (64, 8, 4, 128)):
+        pairs.append((GemmConfig(bm, 128, 128, warps, stages), GemmConfig(bm, bn2, 128, warps, stages)))
+    return pairs
+
+
+def bench_prefetch(row, mx_sets, x, ids, w, act, T, E, k, I, H, gen):
+    """Steady-state time per layer over three layers with a workspace of 2.2 layers' active experts."""
+    from dayzero.kernels.fp8_workspace import Fp8Workspace, expert_slot_bytes
+    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
+
+    steps = 6
+    fresh = [[torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k] for _ in mx_sets] for _ in range(steps)]
+    for routing in ("same", "fresh"):
+        route = (lambda step, layer: ids) if routing == "same" else (lambda step, layer: fresh[step][layer])
+        active = max(int(torch.unique(route(s, l)).numel()) for s in range(steps) for l in range(len(mx_sets)))
+        for on in (False, True):
+            ws = Fp8Workspace(int(2.2 * active) * expert_slot_bytes(I, H), "cuda", prefetch=on)
+            times = []
+            for step in range(steps):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for layer, experts in enumerate(mx_sets):
+                    moe_experts_mxfp4_fp8(x, route(step, layer), w, experts, act, ws)
+                end.record()
+                end.synchronize()
+                if step >= 2:  # step 0 learns the call order, step 1 is the first that prefetches
+                    times.append(start.elapsed_time(end) / len(mx_sets))
+            key = f"prefetch_{'on' if on else 'off'}_{routing}"
+            row[f"{key}_us"] = 1e3 * statistics.median(times)
+            if on:
+                row[f"prefetch_hit_rate_{routing}"] = ws.stats.prefetch_hit_rate
+
+
+def format_b(r: dict) -> str:
+    line = (f"B: cold {r['cold_us_B']:8.1f} warm {r['warm_us_B']:8.1f} us {r['tflops_B']:6.1f} TF ({r['fp8_pct_B']:4.1f}% fp8) "
+            f"convert {r['convert_bw_pct_B']:4.1f}% BW err {r['err_B']:.1e} out-of-window {r['oow_B']}")
+    if "A_over_B_cold" in r:
+        line += f" | A/B cold {r['A_over_B_cold']:.2f} warm {r['A_over_B_warm']:.2f}"
+    for routing in ("same", "fresh"):
+        if f"prefetch_on_{routing}_us" in r:
+            line += (f" | prefetch ({routing} routing) off {r[f'prefetch_off_{routing}_us']:.1f} on "
+                     f"{r[f'prefetch_on_{routing}_us']:.1f} us/layer, hit rate {r[f'prefetch_hit_rate_{routing}']:.2f}")
+    return line
+
+
+def markdown_b(rows) -> str:
+    head = ["model", "T", "experts", "A eager µs", "B cold µs", "B warm µs", "B TFLOP/s (% FP8)", "B conversion % copy BW",
+            "B rel err", "out-of-window blocks", "A/B cold", "A/B warm"]
+    prefetch = any("prefetch_on_same_us" in r for r in rows)
+    if prefetch:
+        head += ["prefetch off/on µs per layer (same routing)", "hit rate", "prefetch off/on µs (fresh routing)", "hit rate"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "cold_us_B" not in r:
+            continue
+        cells = [r["model"], str(r["tokens"]), str(r["distinct_experts"]),
+                 f"{r['eager_us_A']:.1f}" if "eager_us_A" in r else "-", f"{r['cold_us_B']:.1f}", f"{r['warm_us_B']:.1f}",
+                 f"{r['tflops_B']:.1f} ({r['fp8_pct_B']:.0f}%)", f"{r['convert_bw_pct_B']:.0f}%", f"{r['err_B']:.1e}",
+                 str(r["oow_B"]), f"{r.get('A_over_B_cold', float('nan')):.2f}", f"{r.get('A_over_B_warm', float('nan')):.2f}"]
+        if prefetch:
+            for routing in ("same", "fresh"):
+                cells += [f"{r[f'prefetch_off_{routing}_us']:.0f} / {r[f'prefetch_on_{routing}_us']:.0f}",
+                          f"{r[f'prefetch_hit_rate_{routing}']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def format_row(r: dict, paths) -> str:
@@ -205,7 +336,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
-    ap.add_argument("--paths", nargs="+", default=["A", "C", "grouped_mm"], choices=["A", "C", "grouped_mm"])
+    ap.add_argument("--paths", nargs="+", default=["A", "B", "C", "grouped_mm"], choices=["A", "B", "C", "grouped_mm"])
+    ap.add_argument("--prefetch", action="store_true", help="path B: also time the prefetch policy over three layers")
+    ap.add_argument("--b-sweep", action="store_true", help="path B: also time a few GEMM tile configurations")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--copies", type=int, default=3, help="weight copies rotated per call (total must exceed L2)")
     ap.add_argument("--json", type=Path, help="write the raw rows here")
@@ -215,16 +348,24 @@ def main() -> None:
     paths = tuple(p for p in args.paths if p != "grouped_mm" or hasattr(torch, "_grouped_mm"))
     props = torch.cuda.get_device_properties(0)
     bw, flops = copy_bandwidth(), matmul_rate()
+    fp8_flops = fp8_matmul_rate() if "B" in paths else 0.0
     print(f"{datetime.date.today()} {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size / 1e6:.0f} MB; "
-          f"torch {torch.__version__}; copy {bw / 1e12:.2f} TB/s (read+write), bf16 matmul {flops / 1e12:.0f} TFLOP/s; "
+          f"torch {torch.__version__}; copy {bw / 1e12:.2f} TB/s (read+write), bf16 matmul {flops / 1e12:.0f} TFLOP/s, "
+          f"fp8 matmul {fp8_flops / 1e12:.0f} TFLOP/s; "
           f"torch._grouped_mm {'present' if hasattr(torch, '_grouped_mm') else 'absent'}", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        bench_model(name, args.tokens, args.reps, args.copies, props.L2_cache_size, bw, flops, rows, paths)
+        bench_model(name, args.tokens, args.reps, args.copies, props.L2_cache_size, bw, flops, rows, paths, fp8_flops,
+                    args.prefetch, args.b_sweep)
         torch.cuda.empty_cache()
-    print("\n" + markdown(rows, bw, flops, paths))
+    table_paths = tuple(p for p in paths if p != "B")
+    if table_paths:
+        print("\n" + markdown(rows, bw, flops, table_paths))
+    if "B" in paths:
+        print("\n" + markdown_b(rows))
     if args.json:
-        args.json.write_text(json.dumps({"device": props.name, "copy_bytes_per_s": bw, "bf16_flops": flops, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"device": props.name, "copy_bytes_per_s": bw, "bf16_flops": flops,
+                                         "fp8_flops": fp8_flops, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":
