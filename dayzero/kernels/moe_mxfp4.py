@@ -81,12 +81,16 @@ def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, configs=No
         from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
 
         return moe_experts_mxfp4_fp8(x, topk_ids, topk_weights, experts, activation, workspace, configs)
-    return moe_experts_mxfp4_fused(x, topk_ids, topk_weights, experts, activation, configs)
+    return _fused(x, topk_ids, topk_weights, experts, activation, configs)
 
 
 def moe_experts_mxfp4_fused(x, topk_ids, topk_weights, experts, activation, configs=None) -> torch.Tensor:
     """Path A: the fused MXFP4 grouped GEMM (module docstring)."""
     check_mxfp4_call(x, topk_ids, topk_weights, experts, activation)
+    return _fused(x, topk_ids, topk_weights, experts, activation, configs)
+
+
+def _fused(x, topk_ids, topk_weights, experts, activation, configs) -> torch.Tensor:
     E, n13 = experts.w13.shape[:2]
     H = x.shape[1]
     w13 = experts.w13.view(torch.int32).view(E, n13, H // 8)  # int32 words, 8 codes each
