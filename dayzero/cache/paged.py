@@ -139,7 +139,7 @@ class _ProbeLayer:
     def __init__(self, layer: int, layout: CacheLayout):
         self.layer, self.layout, self.values = layer, layout, {}
 
-    def append(self, name, new, window=None, rate=1):
+    def append(self, name, new, window=None, rate=1, read=True):
         self.layout.streams.append(StreamSpec(self.layer, name, tuple(new.shape[2:]), new.dtype, window, rate))
         return new
 
@@ -293,6 +293,7 @@ class PagedLayerView:
 
     def __init__(self, storage: PagedKVStorage, ctx: StepContext, layer: int):
         self.storage, self.ctx, self.layer = storage, ctx, layer
+        self.dtypes: dict[str, torch.dtype] = {}  # the dtype each stream was written in (FP8 reads return it)
 
     def _step(self, name: str) -> StreamStep:
         key = (self.layer, name)
@@ -300,7 +301,8 @@ class PagedLayerView:
             raise KeyError(f"layer {self.layer} has no cache stream {name!r} (not seen when the layout was probed)")
         return self.ctx.streams[self.storage.group[key], self.storage.specs[key].rate]
 
-    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
+    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1,
+               read: bool = True) -> torch.Tensor | None:
         step = self._step(name)
         pages = self.storage.streams[self.layer, name]
         if new.shape[:2] != (self.ctx.batch, step.num_new):
@@ -308,15 +310,28 @@ class PagedLayerView:
                              f"{self.ctx.batch} rows, the model gave {tuple(new.shape[:2])}")
         flat = new.reshape(-1, *new.shape[2:])
         key = (self.layer, name)
-        if key not in self.storage.scales:
+        if key in self.storage.scales:
+            q, sc = quantize_activation_groups(flat, FP8_GROUP)
+            pages[step.write_blocks, step.write_offsets] = q
+            self.storage.scales[key][step.write_blocks, step.write_offsets] = sc
+        else:
             pages[step.write_blocks, step.write_offsets] = flat.to(pages.dtype)
-            return pages[step.read_blocks, step.read_offsets]
-        scales = self.storage.scales[key]
-        q, sc = quantize_activation_groups(flat, FP8_GROUP)
-        pages[step.write_blocks, step.write_offsets] = q
-        scales[step.write_blocks, step.write_offsets] = sc
-        return dequantize_activation_groups(pages[step.read_blocks, step.read_offsets],
-                                            scales[step.read_blocks, step.read_offsets], FP8_GROUP, new.dtype)
+        self.dtypes[name] = new.dtype
+        return self._read(name, step.read_blocks, step.read_offsets) if read else None
+
+    def select(self, name: str, indices: torch.Tensor) -> torch.Tensor:
+        """Entries [B, N, ...] at indices [B, N] into this step's read layout of `name` (what append
+        returns), read through the page table: only these entries are touched."""
+        step = self._step(name)
+        return self._read(name, step.read_blocks.gather(1, indices), step.read_offsets.gather(1, indices))
+
+    def _read(self, name: str, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        key = (self.layer, name)
+        pages = self.storage.streams[key]
+        if key not in self.storage.scales:
+            return pages[blocks, offsets]
+        return dequantize_activation_groups(pages[blocks, offsets], self.storage.scales[key][blocks, offsets],
+                                            FP8_GROUP, self.dtypes.get(name, self.storage.specs[key].dtype))
 
     def lens(self, name: str) -> torch.Tensor | None:
         return self._step(name).lens

@@ -78,7 +78,8 @@ class KVCache:
         self.length = 0
 
 
-def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
+def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1,
+                 read: bool = True) -> torch.Tensor | None:
     """Append this step's entries [B, T, ...] to the layer's stream `name` and return the entries
     attention reads [B, S, ...] (the last T are the new ones); without a cache (one full forward)
     just the new ones. `window` W marks a sliding-window stream: only the last W - 1 entries before
@@ -88,15 +89,32 @@ def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None =
 
     `layer_cache` is a dict (the reference cache, one contiguous tensor per stream) or a paged view
     (dayzero.cache.paged), which stores entries in the block pool's pages and returns every row of a
-    batch right-aligned, padded on the left; `cache_lens` then gives each row's real length."""
+    batch right-aligned, padded on the left; `cache_lens` then gives each row's real length. With
+    read=False a paged cache only writes (returns None): read the entries needed with `cache_select`."""
     if layer_cache is None:
         return new
     if not isinstance(layer_cache, dict):
-        return layer_cache.append(name, new, window, rate)
+        return layer_cache.append(name, new, window, rate, read)
     full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
     keep = full.shape[1] if window is None else min(full.shape[1], window - 1)
     layer_cache[name] = full[:, full.shape[1] - keep:]
     return full
+
+
+def cache_select(layer_cache, name: str, entries: torch.Tensor | None, indices: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries at per-query indices [B, T, K] (into what cache_append returns; -1 = none) as a
+    compact [B, T*K, ...] tensor, and the indices into it ([B, T, K], -1 kept). A paged cache reads
+    only these entries through its page table (decode of sparse attention); otherwise they are
+    taken from `entries`, what cache_append returned."""
+    b, t, k = indices.shape
+    flat = indices.reshape(b, t * k).clamp(min=0)
+    if layer_cache is not None and not isinstance(layer_cache, dict):
+        picked = layer_cache.select(name, flat)
+    else:
+        picked = torch.gather(entries, 1, flat.view(b, t * k, *[1] * (entries.dim() - 2)).expand(-1, -1, *entries.shape[2:]))
+    local = torch.arange(t * k, device=indices.device).view(1, t, k).expand(b, t, k)
+    return picked, local.masked_fill(indices < 0, -1)
 
 
 def cache_lens(layer_cache, name: str) -> torch.Tensor | None:

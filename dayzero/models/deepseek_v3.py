@@ -29,7 +29,8 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, cache_lens, copy_target, empty_param
+from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, cache_lens, cache_select, copy_target,
+                                  empty_param)
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -38,6 +39,7 @@ from dayzero.spec import ModelSpec, UnsupportedModelError
 FP8_BLOCK = (128, 128)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 INDEXER_NORM_EPS = 1e-6
+QUERY_BLOCK = 1024  # DSA queries scored and attended per block (scores are [block, keys] per indexer head)
 
 
 def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
@@ -156,18 +158,41 @@ class MLAttention(nn.Module):
         kv = self.kv_a_proj_with_mqa(x)
         latent = self.kv_a_layernorm(kv[..., : self.rank])
         k_pe = ops.rope(kv[..., self.rank:].reshape(b * t, self.rope_dim), cos, sin, interleaved=self.interleaved)
-        latent = cache_append(layer_cache, "kv_latent", latent)
-        k_pe = cache_append(layer_cache, "k_pe", k_pe.view(b, t, self.rope_dim))
-
+        k_pe = k_pe.view(b, t, self.rope_dim)
         kv_lens = cache_lens(layer_cache, "kv_latent")
         if self.indexer is not None:
             index_keys = cache_append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
-            if latent.shape[1] > self.indexer.topk:
-                selected = self.indexer.select(x, q_latent, index_keys, cos, sin, kv_lens)
-                out = ops.sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, selected)
+            if index_keys.shape[1] > self.indexer.topk:  # sparse: only the selected entries are read
+                latent = cache_append(layer_cache, "kv_latent", latent, read=False)
+                k_pe = cache_append(layer_cache, "k_pe", k_pe, read=False)
+                out = self._sparse(x, q_latent, q_nope, q_pe, cos, sin, index_keys, latent, k_pe, kv_lens, layer_cache)
                 return self.o_proj(out.reshape(b, t, -1))
+        latent = cache_append(layer_cache, "kv_latent", latent)
+        k_pe = cache_append(layer_cache, "k_pe", k_pe)
         out = ops.mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, kv_lens)
         return self.o_proj(out.reshape(b, t, -1))
+
+    def _sparse(self, x, q_latent, q_nope, q_pe, cos, sin, index_keys, latent, k_pe, kv_lens, layer_cache):
+        """DSA over blocks of at most QUERY_BLOCK queries (block-wise prefill bounds the [queries, keys]
+        score memory); each block sees the keys up to its last query, selects its top-k, and gathers
+        only those latents (through the page table when the cache is paged)."""
+        b, t = x.shape[:2]
+        keys = index_keys.shape[1]
+        cos, sin = cos.view(b, t, -1), sin.view(b, t, -1)
+        outs = []
+        for lo in range(0, t, QUERY_BLOCK):
+            hi = min(lo + QUERY_BLOCK, t)
+            cut = t - hi  # keys after this block's last query
+            lens = None if kv_lens is None else kv_lens - cut
+            rows = slice(lo, hi)
+            selected = self.indexer.select(x[:, rows], q_latent[:, rows], index_keys[:, :keys - cut],
+                                           cos[:, rows].reshape(-1, cos.shape[-1]), sin[:, rows].reshape(-1, sin.shape[-1]),
+                                           lens)
+            picked_latent, local = cache_select(layer_cache, "kv_latent", latent, selected)
+            picked_pe, _ = cache_select(layer_cache, "k_pe", k_pe, selected)
+            outs.append(ops.sparse_mla_attention(q_nope[:, rows], q_pe[:, rows], picked_latent, picked_pe, self.w_uk,
+                                                 self.w_uv, self.scale, local))
+        return torch.cat(outs, dim=1)
 
 
 def _softmax_mscale(config: dict) -> float:

@@ -231,13 +231,17 @@ class _Fp8SimulatedLayer:
     def __init__(self):
         self.streams, self.states = {}, {}
 
-    def append(self, name, new, window=None, rate=1):
+    def append(self, name, new, window=None, rate=1, read=True):
         groups = new.float().split(128, dim=-1)
         new = torch.cat([(g / (g.abs().amax(-1, keepdim=True) / 448)).to(torch.float8_e4m3fn).float()
                          * (g.abs().amax(-1, keepdim=True) / 448) for g in groups], dim=-1).to(new.dtype)
         old = self.streams.get(name)
         self.streams[name] = new if old is None else torch.cat([old, new], dim=1)
         return self.streams[name]
+
+    def select(self, name, indices):
+        entries = self.streams[name]
+        return entries[torch.arange(entries.shape[0])[:, None], indices]
 
     def lens(self, name):
         return None
@@ -295,3 +299,26 @@ def test_fp8_kv_stream_round_trip_matches_torch_float8():
                       * (g.abs().amax(-1, keepdim=True) / 448) for g in groups], dim=-1)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
     kv.free(req)
+
+
+def test_sparse_decode_reads_only_the_selected_latents_through_the_page_table(tmp_path, monkeypatch):
+    from dayzero.cache.paged import PagedLayerView
+
+    llm = LLM(build_deepseek_v32_checkpoint(tmp_path), dtype="float32")
+    topk = llm.model.config["index_topk"]
+    read = []
+    original = PagedLayerView._read
+
+    def counting(self, name, blocks, offsets):
+        if name == "kv_latent":
+            read.append(blocks.numel())
+        return original(self, name, blocks, offsets)
+
+    monkeypatch.setattr(PagedLayerView, "_read", counting)
+    prompts = _prompts(llm.vocab_size, [30, 41, 47])
+    llm.generate(prompts, GREEDY)
+    # every forward is sparse (more keys than index_topk): the prefills read topk per query, each
+    # batched decode step topk per row, never a whole context
+    layers = llm.model.spec.num_layers
+    assert len(read) == layers * (len(prompts) + NEW_TOKENS - 1)
+    assert read[-1] == len(prompts) * topk and max(read) == 47 * topk

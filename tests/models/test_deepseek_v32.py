@@ -126,3 +126,18 @@ def test_v32_needs_the_q_latent():
     config = {"model_type": "deepseek_v32", **V3_DIMS, **V32_DIMS, "q_lora_rank": None}
     with pytest.raises(UnsupportedModelError, match="q_lora_rank"):
         DeepseekV32ForCausalLM(load_spec(config), config, dtype=torch.float32, device="cpu")
+
+
+def test_block_wise_prefill_equals_transformers(models, monkeypatch):
+    """Queries scored and attended in blocks of 7 (each block sees the keys up to its last query)
+    give the one-block result."""
+    from dayzero.models import deepseek_v3
+
+    ours, hf = models
+    ids = prompt(2, 45)
+    with torch.no_grad():
+        whole = ours(ids, positions(ids))
+        monkeypatch.setattr(deepseek_v3, "QUERY_BLOCK", 7)
+        blocks = ours(ids, positions(ids))
+        want = hf(ids).logits
+    assert rel_err(blocks, whole) <= 1e-5 and rel_err(blocks, want) <= 1e-4
