@@ -162,7 +162,8 @@ RESERVE_FRACTION = 0.05  # of the device's memory, kept for activations, allocat
 
 
 def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
-    """mem_fraction of the device's memory (RAM on CPU) minus the weights and a reserve, in bytes."""
+    """mem_fraction of the device's memory (RAM on CPU) minus the weights, a reserve and, for MXFP4
+    experts on CUDA, the FP8 expert workspace of path B (dayzero/kernels/fp8_workspace.py), in bytes."""
     import os
 
     if not 0 < mem_fraction <= 1:
@@ -173,8 +174,14 @@ def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     weights = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
-    budget = mem_fraction * total - weights - RESERVE_FRACTION * total
+    workspace = 0
+    if device.type == "cuda" and model.spec.quant.expert_format == "mxfp4" and os.environ.get("DAYZERO_MOE_PATH") != "a":
+        from dayzero.kernels.fp8_workspace import planned_workspace_bytes
+
+        workspace = planned_workspace_bytes(device)
+    budget = mem_fraction * total - weights - workspace - RESERVE_FRACTION * total
     if budget <= 0:
         raise ValueError(f"mem_fraction {mem_fraction} of {total / 2**30:.1f} GiB leaves nothing for the KV cache after "
-                         f"{weights / 2**30:.2f} GiB of weights and a {RESERVE_FRACTION:.0%} reserve; raise it")
+                         f"{weights / 2**30:.2f} GiB of weights, {workspace / 2**30:.2f} GiB of FP8 expert workspace "
+                         f"(DAYZERO_FP8_WORKSPACE_GIB) and a {RESERVE_FRACTION:.0%} reserve; raise it")
     return budget
