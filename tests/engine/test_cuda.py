@@ -1,0 +1,40 @@
+"""The engine on a CUDA device: paged cache, batched decode and prefix reuse give the CPU engine's
+greedy tokens (float32); bf16 runs through the Triton kernels. Skipped where no CUDA device exists."""
+
+import pytest
+import torch
+
+from dayzero.engine import SamplingParams
+from dayzero.engine.llm import LLM
+from tests.engine.test_llm import FAMILIES, _assert_pool_free, _prompts
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_engine_on_cuda_gives_the_cpu_engines_tokens(name, tmp_path):
+    builder, lengths = FAMILIES[name]
+    path = builder(tmp_path)
+    cpu, gpu = LLM(path, dtype="float32"), LLM(path, dtype="float32", device="cuda")
+    prompts = _prompts(cpu.vocab_size, lengths[::2])
+    assert [o.token_ids for o in gpu.generate(prompts, GREEDY)] == [o.token_ids for o in cpu.generate(prompts, GREEDY)]
+    second = prompts[-1] + [1, 2, 3]  # a turn that extends the longest prompt: reused from the cache
+    cached = gpu.scheduler.num_prefix_cached_tokens
+    assert gpu.generate([second], GREEDY)[0].token_ids == cpu.generate([second], GREEDY)[0].token_ids
+    assert gpu.scheduler.num_prefix_cached_tokens > cached
+    _assert_pool_free(gpu)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v4", "kimi_linear"])
+def test_bf16_engine_on_cuda_uses_the_kernels(name, tmp_path):
+    from dayzero.ops import REGISTRY
+
+    builder, lengths = FAMILIES[name]
+    llm = LLM(builder(tmp_path), dtype="bfloat16", device="cuda", kv_cache_dtype="fp8_e4m3")
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        outs = llm.generate(_prompts(llm.vocab_size, lengths), GREEDY)
+    assert all(len(o.token_ids) == 6 for o in outs)
+    assert any(k.endswith("@triton") for k in calls), calls
+    _assert_pool_free(llm)
