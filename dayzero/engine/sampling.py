@@ -22,8 +22,9 @@ sampling distribution, and a greedy and a sampled request report the same number
 
 Randomness: every request owns a `torch.Generator`, seeded from `SamplingParams.seed` or, when the
 seed is None, from a seed drawn off the sampler's global seed at admission. A row's draw reads only
-its own generator (V exponential variates per step), so a seeded request produces the same tokens
-whichever other requests share its batch.
+its own generator (one uniform variate per step, turned into a token by the inverse CDF of its
+distribution), so a seeded request produces the same tokens whichever other requests share its
+batch, and a step draws B numbers rather than B x V.
 """
 
 from __future__ import annotations
@@ -212,17 +213,20 @@ class Sampler:
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
             probs = sampling_probs(logits[rows], [params[i] for i in random_rows])
-            noise = torch.stack([_exponential(probs.shape[1], states[i].generator, probs.device)
+            uniform = torch.cat([torch.rand(1, generator=states[i].generator, device=probs.device, dtype=torch.float64)
                                  for i in random_rows])
-            token_ids[rows] = (probs / noise).argmax(-1)
+            token_ids[rows] = inverse_cdf_sample(probs, uniform)
         return SamplerOutput(token_ids, _gather_logprobs(raw, token_ids, params))
 
 
-def _exponential(n: int, generator: torch.Generator, device) -> torch.Tensor:
-    # argmax(p / E) with E ~ Exp(1) i.i.d. is a draw from the categorical p (the exponential race).
-    # The clamp keeps an exact-zero variate from turning a zero-probability token into 0/0.
-    e = torch.empty(n, device=device).exponential_(generator=generator)
-    return e.clamp_min_(torch.finfo(torch.float32).tiny)
+def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One draw per row from the categorical probs [B, V] (unnormalised, >= 0) given uniform [B] in
+    [0, 1): the token i with cdf[i-1] <= u * total < cdf[i], so a zero-probability token is never
+    drawn. The cumulative sum runs in float64 so a vocabulary of 10^5+ tokens keeps its small
+    probabilities."""
+    cdf = probs.double().cumsum(-1)
+    target = (uniform.double() * cdf[:, -1]).unsqueeze(-1)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def _token_counts(rows: list[list[int]], vocab_size: int, device) -> torch.Tensor:
