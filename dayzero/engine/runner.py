@@ -11,8 +11,8 @@ runner saves the state whenever a request's computed tokens reach a block bounda
 is split there) under that prefix's block hash, and a request admitted with a cached prefix resumes
 from the saved state (dayzero.cache.snapshots).
 
-A model whose layers cannot batch rows of different lengths (`batched_decode = False`: DeepSeek-V4,
-whose compressors append entries at different steps per row) decodes one row per forward.
+Rows that append a compressed entry (DeepSeek-V4, one per ratio tokens) decode in a forward apart
+from rows that do not: at most 2 per compression ratio, whatever the batch.
 
 `ContiguousRunner` keeps one contiguous reference `KVCache` per request and runs each request as a
 forward of batch 1, without prefix caching; it is the reference the paged runner is tested against
@@ -62,11 +62,19 @@ class PagedRunner:
         logits: dict[str, torch.Tensor] = {}
         for s in prefills:
             self._prefill(s, logits)
-        if decodes and self.model.batched_decode:
-            self._decode(decodes, logits)
-        for s in decodes if not self.model.batched_decode else ():
-            self._decode([s], logits)
+        for batch in self._decode_batches(decodes):
+            self._decode(batch, logits)
         return logits
+
+    def _decode_batches(self, decodes: list[ScheduledRequest]) -> list[list[ScheduledRequest]]:
+        """Decode rows in as few forwards as the compressed streams allow: rows that complete an
+        entry of every rate r > 1 at the same steps share a forward (one forward without them)."""
+        rates = sorted({s.rate for s in self.storage.layout.streams if s.rate > 1})
+        batches: dict[tuple[int, ...], list[ScheduledRequest]] = {}
+        for s in decodes:
+            n = s.num_computed_tokens
+            batches.setdefault(tuple((n + 1) // r - n // r for r in rates), []).append(s)
+        return list(batches.values())
 
     @property
     def num_requests(self) -> int:

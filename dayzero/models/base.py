@@ -134,8 +134,6 @@ class CausalLM(nn.Module):
     # The layers cache only through cache_append streams and per-request states (dayzero.cache.paged),
     # so the engine can keep them in the block pool; False: the engine's contiguous runner.
     paged_cache: ClassVar[bool] = True
-    # Rows of different lengths can share one decode forward (attention takes `cache_lens`).
-    batched_decode: ClassVar[bool] = True
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__()

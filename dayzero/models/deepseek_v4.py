@@ -16,8 +16,10 @@ The final hyper-head collapses the streams before `norm` and `head`.
 Cache per layer (`cache.layers[i]`): stream "window" (rotated keys, windowed: the last
 sliding_window - 1 are kept); per compressor (attention "comp_", indexer "index_"): stream "entries"
 (one compressed entry per ratio tokens) and states "pending_kv"/"pending_gate" [B, ratio, C] (the
-unfinished window's projected tokens, start % ratio of them valid) and for CSA "prev_kv"/"prev_gate"
-[B, ratio, C] (the last complete window: its Ca half overlaps the next entry).
+unfinished window's projected tokens, position % ratio of them valid) and for CSA "prev_kv"/"prev_gate"
+[B, ratio, C] (the last complete window: its Ca half overlaps the next entry; gate -inf before one
+exists). In a batched decode step rows sit at different positions; the runner groups rows so that
+all or none of a call's rows complete a compressed window.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, cache_append, copy_target, empty_param
+from dayzero.models.base import CausalLM, WeightTarget, cache_append, cache_lens, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import Rope, rope_from_config
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
@@ -99,34 +101,67 @@ class Compressor(nn.Module):
         self.norm = RMSNorm(dim, eps, dtype=dtype, device=device)
         self.ape = empty_param((ratio, width), torch.float32, device)
 
-    def forward(self, x: torch.Tensor, rope: Rope, state: dict, key: str, start: int) -> torch.Tensor:
-        """Feed x [B, T, hidden], the tokens from position `start`; returns every entry so far,
-        rotated at its window's first position. State: "pending_kv"/"pending_gate" [B, ratio, C]
-        whose first start % ratio rows are the unfinished window's tokens; for CSA "prev_kv"/"prev_gate"
-        [B, ratio, C], the last complete window (valid once one exists)."""
+    def forward(self, x: torch.Tensor, rope: Rope, state: dict, key: str, positions: torch.Tensor) -> torch.Tensor:
+        """Feed x [B, T, hidden] at positions [B, T]; returns every entry so far, rotated at its
+        window's first position. State: "pending_kv"/"pending_gate" [B, ratio, C] whose first
+        p % ratio rows are the unfinished window's tokens; for CSA "prev_kv"/"prev_gate" [B, ratio, C],
+        the last complete window (zeros with gate -inf, i.e. weight 0, before the first one).
+        One token per row may sit at different positions per row (a batched decode step); several
+        tokens per call need rows that start together."""
         kv, gate = self.wkv(x), self.wgate(x)
-        count, first = start % self.ratio, start // self.ratio  # pending tokens, entries before this step
-        if count:
-            kv = torch.cat([state[key + "pending_kv"][:, :count], kv], dim=1)
-            gate = torch.cat([state[key + "pending_gate"][:, :count], gate], dim=1)
-        usable = kv.shape[1] // self.ratio * self.ratio
-        state[key + "pending_kv"] = _padded(kv[:, usable:], self.ratio)
-        state[key + "pending_gate"] = _padded(gate[:, usable:], self.ratio)
-        new = kv.new_zeros((kv.shape[0], 0, self.dim))
-        if usable:
-            prev_kv, prev_gate = (state[key + "prev_kv"], state[key + "prev_gate"]) if self.overlap and first else (None, None)
-            new = ops.kv_compressor(kv[:, :usable], gate[:, :usable], self.ape, self.norm.weight, self.eps, self.overlap,
-                                    prev_kv, prev_gate)
-            cos, sin = rope.cos_sin(torch.arange(first, first + new.shape[1], device=x.device) * self.ratio)
-            new = rope_tail(new, cos, sin)
+        b, t = x.shape[:2]
+        pending_kv, pending_gate = state.get(key + "pending_kv"), state.get(key + "pending_gate")
+        if pending_kv is None:  # nothing before these tokens
+            pending_kv = kv.new_zeros((b, self.ratio, kv.shape[-1]))
+            pending_gate = torch.zeros_like(pending_kv)
+        prev = None
         if self.overlap:
+            prev = (state.get(key + "prev_kv"), state.get(key + "prev_gate"))
+            if prev[0] is None:
+                prev = (kv.new_zeros((b, self.ratio, kv.shape[-1])), kv.new_full((b, self.ratio, kv.shape[-1]), float("-inf")))
+        if t == 1:
+            new, pending_kv, pending_gate, prev = self._one_token(kv, gate, pending_kv, pending_gate, prev, positions[:, 0], rope)
+        else:
+            if b > 1 and bool((positions[:, 0] != positions[0, 0]).any()):
+                raise ValueError("Compressor: rows of several tokens must start at the same position")
+            start = int(positions[0, 0])
+            count, first = start % self.ratio, start // self.ratio  # pending tokens, entries before this call
+            kv = torch.cat([pending_kv[:, :count], kv], dim=1)
+            gate = torch.cat([pending_gate[:, :count], gate], dim=1)
+            usable = kv.shape[1] // self.ratio * self.ratio
+            pending_kv, pending_gate = _padded(kv[:, usable:], self.ratio), _padded(gate[:, usable:], self.ratio)
+            new = kv.new_zeros((b, 0, self.dim))
             if usable:
-                state[key + "prev_kv"] = kv[:, usable - self.ratio:usable]
-                state[key + "prev_gate"] = gate[:, usable - self.ratio:usable]
-            elif not first:  # no complete window yet: a placeholder the next calls do not read
-                state[key + "prev_kv"] = _padded(kv[:, :0], self.ratio)
-                state[key + "prev_gate"] = _padded(gate[:, :0], self.ratio)
+                new = ops.kv_compressor(kv[:, :usable], gate[:, :usable], self.ape, self.norm.weight, self.eps,
+                                        self.overlap, *(prev or (None, None)))
+                cos, sin = rope.cos_sin(torch.arange(first, first + new.shape[1], device=x.device) * self.ratio)
+                new = rope_tail(new, cos, sin)
+                if self.overlap:
+                    prev = (kv[:, usable - self.ratio:usable], gate[:, usable - self.ratio:usable])
+        state[key + "pending_kv"], state[key + "pending_gate"] = pending_kv, pending_gate
+        if self.overlap:
+            state[key + "prev_kv"], state[key + "prev_gate"] = prev
         return cache_append(state, key + "entries", new, rate=self.ratio)
+
+    def _one_token(self, kv, gate, pending_kv, pending_gate, prev, starts, rope):
+        """One token per row at positions `starts` [B]: it joins its row's pending window; rows whose
+        window it completes (all rows or none: the runner groups them so) compress it."""
+        b = kv.shape[0]
+        rows = torch.arange(b, device=kv.device)
+        slot = starts % self.ratio
+        pending_kv, pending_gate = pending_kv.clone(), pending_gate.clone()
+        pending_kv[rows, slot], pending_gate[rows, slot] = kv[:, 0], gate[:, 0]
+        completes = slot == self.ratio - 1
+        if not bool(completes.any()):
+            return kv.new_zeros((b, 0, self.dim)), pending_kv, pending_gate, prev
+        if not bool(completes.all()):
+            raise ValueError("Compressor: the rows of one call complete their windows at different steps")
+        new = ops.kv_compressor(pending_kv, pending_gate, self.ape, self.norm.weight, self.eps, self.overlap,
+                                *(prev or (None, None)))
+        cos, sin = rope.cos_sin(starts // self.ratio * self.ratio)
+        new = rope_tail(new, cos[:, None], sin[:, None])
+        prev = (pending_kv, pending_gate) if self.overlap else None
+        return new, torch.zeros_like(pending_kv), torch.zeros_like(pending_gate), prev
 
 
 def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -146,10 +181,10 @@ class Indexer(nn.Module):
         self.weights_proj = linear(hidden, heads, quantized=False)
         self.compressor = Compressor(hidden, dim, ratio, True, eps, dtype, device)
 
-    def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict, start: int) -> torch.Tensor:
-        keys = self.compressor(x, rope, state, "index_", start)
+    def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict) -> torch.Tensor:
+        keys = self.compressor(x, rope, state, "index_", positions)
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
-        scores = ops.v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio)
+        scores = ops.v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio, cache_lens(state, "index_entries"))
         return ops.v4_topk_select(scores, self.topk)
 
 
@@ -182,14 +217,14 @@ class Attention(nn.Module):
         q = rope_tail(ops.rms_norm(q, self.unit_weight, self.eps), cos, sin)
         kv = rope_tail(self.kv_norm(self.wkv(x)), cos, sin)
         keys = cache_append(state, "window", kv, self.window)
-        start = int(positions[0, 0])  # rows of one call start together (the runner decodes V4 row by row)
         compressed = indices = None
         if self.kind in ("csa", "hca"):
-            compressed = self.compressor(x, rope, state, "comp_", start)
+            compressed = self.compressor(x, rope, state, "comp_", positions)
         if self.kind == "csa":
-            indices = self.indexer(x, q_latent, positions, cos, sin, rope, state, start)
+            indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
         out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
-                               positions, self.ratio)
+                                   positions, self.ratio, cache_lens(state, "window"),
+                                   None if compressed is None else cache_lens(state, "comp_entries"))
         out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
         return self.wo_b(self.wo_a(out.unflatten(2, (self.wo_a.groups, -1)).flatten(3)))
 
@@ -371,7 +406,6 @@ def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
 @register_model
 class DeepseekV4ForCausalLM(CausalLM):
     model_types = ("deepseek_v4",)
-    batched_decode = False  # a decode row appends a compressed entry only every ratio tokens: one row per forward
     ignore_unexpected = (r"^mtp\.",)
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):

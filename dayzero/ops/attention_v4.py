@@ -18,12 +18,22 @@ from __future__ import annotations
 
 import torch
 
+from dayzero.ops.attention_gqa import padding_mask
 from dayzero.ops.registry import reference_op
 
 
 def visible_entries(positions: torch.Tensor, ratio: int) -> torch.Tensor:
     """Number of compressed entries a query at each position may read: (p + 1) // ratio."""
     return torch.div(positions + 1, ratio, rounding_mode="floor")
+
+
+def entry_visible(num_entries: int, positions: torch.Tensor, ratio: int, lens: torch.Tensor | None = None) -> torch.Tensor:
+    """bool [B, T, N]: which of N compressed entries each query may read. Without lens entry n is
+    entry number n; with lens [B] rows are right-aligned (row b's entries are its last lens[b], the
+    ones before are padding), so entry n is number n - (N - lens[b])."""
+    n = torch.arange(num_entries, device=positions.device)
+    number = n.view(1, 1, -1) if lens is None else n.view(1, 1, -1) - (num_entries - lens).view(-1, 1, 1)
+    return (number >= 0) & (number < visible_entries(positions, ratio).unsqueeze(-1))
 
 
 # -- compressor -------------------------------------------------------------------------------
@@ -92,7 +102,8 @@ def kv_compressor(
 
 @reference_op("v4_indexer")
 def v4_indexer(
-    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, ratio: int
+    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, ratio: int,
+    lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Lightning-indexer scores of compressed entries (DeepSeek-V4 CSA).
 
@@ -100,6 +111,8 @@ def v4_indexer(
     weights: [B, T, H] the raw per-head weights (weights_proj output); positions: int [B, T].
     score[b, t, s] = sum_h weights[b,t,h] * H^-0.5 * relu(q[b,t,h] . keys[b,s]) * Di^-0.5,
     float32 [B, T, N], -inf for entries not yet visible to the query (s >= (p+1) // ratio).
+    lens: optional int [B] for right-aligned rows of different lengths (`entry_visible`); padding
+    scores -inf.
     """
     if q.dim() != 4 or keys.dim() != 3 or keys.shape[0] != q.shape[0] or keys.shape[-1] != q.shape[-1]:
         raise ValueError(f"v4_indexer: q must be [B, T, H, Di] and keys [B, N, Di]; got {tuple(q.shape)} and {tuple(keys.shape)}")
@@ -109,9 +122,7 @@ def v4_indexer(
     scores = torch.matmul(q.float(), keys.float().transpose(-1, -2).unsqueeze(1))  # [B, T, H, N]
     scores = torch.relu(scores) * dim**-0.5
     scores = (scores * (weights.float() * heads**-0.5).unsqueeze(-1)).sum(dim=2)
-    entry = torch.arange(keys.shape[1], device=q.device)
-    future = entry >= visible_entries(positions, ratio).unsqueeze(-1)
-    return scores.masked_fill(future, float("-inf"))
+    return scores.masked_fill(~entry_visible(keys.shape[1], positions, ratio, lens), float("-inf"))
 
 
 @reference_op("v4_topk_select")
@@ -162,6 +173,8 @@ def sparse_attention(
     indices: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     ratio: int | None = None,
+    kv_lens: torch.Tensor | None = None,
+    compressed_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """DeepSeek-V4 attention of H query heads on one shared key=value head.
 
@@ -171,6 +184,9 @@ def sparse_attention(
     compressed: [B, N, D] compressed entries (or None). indices: int64 [B, T, k] entries chosen
     per query, -1 = none (CSA); when None every entry s < (positions + 1) // ratio is seen (HCA).
     sinks: float [H], one logit per head joined to the softmax and dropped after it.
+    kv_lens / compressed_lens: optional int [B] for a batch of rows of different lengths (a paged
+    decode step): each row's window keys / compressed entries are its last kv_lens[b] /
+    compressed_lens[b] (right-aligned); the ones before are padding and never seen.
     Scores q.k * scale, softmax and the weighted sum of values (= keys) run in float32.
     Returns [B, T, H, D] in q.dtype.
     """
@@ -182,8 +198,10 @@ def sparse_attention(
     scores = [torch.einsum("bthd,bsd->bhts", qf, values[0]) * scale]
     query_index = torch.arange(s - t, s, device=q.device).unsqueeze(1)
     key_index = torch.arange(s, device=q.device).unsqueeze(0)
-    in_window = (key_index <= query_index) & (query_index - key_index < sliding_window)
-    scores[0] = scores[0].masked_fill(~in_window, float("-inf"))
+    in_window = ((key_index <= query_index) & (query_index - key_index < sliding_window)).expand(b, t, s)
+    if kv_lens is not None:
+        in_window = in_window & padding_mask(kv_lens, s)[:, None, :]
+    scores[0] = scores[0].masked_fill(~in_window[:, None], float("-inf"))
 
     if compressed is not None and indices is not None:
         picked = compressed.float()[torch.arange(b, device=q.device).view(b, 1, 1), indices.clamp(min=0)]  # [B, T, k, D]
@@ -191,8 +209,8 @@ def sparse_attention(
         scores.append(chosen.masked_fill((indices < 0).unsqueeze(1), float("-inf")))
     elif compressed is not None:
         entries = compressed.float()
-        future = torch.arange(entries.shape[1], device=q.device) >= visible_entries(positions, ratio).unsqueeze(-1)
-        scores.append((torch.einsum("bthd,bnd->bhtn", qf, entries) * scale).masked_fill(future.unsqueeze(1), float("-inf")))
+        hidden = ~entry_visible(entries.shape[1], positions, ratio, compressed_lens)
+        scores.append((torch.einsum("bthd,bnd->bhtn", qf, entries) * scale).masked_fill(hidden.unsqueeze(1), float("-inf")))
 
     scores.append(sinks.float().view(1, h, 1, 1).expand(b, h, t, 1))
     probs = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
