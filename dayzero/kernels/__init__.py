@@ -7,6 +7,7 @@ does not handle, which then falls to the reference. See docs/kernels.md.
 
     moe_dispatch  tokens sorted by expert, padded to the GEMM's BLOCK_M; the final k-slot reduction
     moe_gemm      grouped GEMM, MXFP4 (upcast in registers) or bf16 weights, fused SwiGLU/bias/router weight
+    moe_decode    path A at decode token counts: int8 activations x E2M1 codes by dp4a, no tensor cores
     moe_mxfp4     moe_experts_mxfp4 "triton": path A or B per call (the selection policy)
     moe_fp8       path B (MXFP4 -> FP8 conversion, FP8 grouped GEMM); moe_experts_fp8 "triton"
     fp8_workspace the cross-layer FP8 expert workspace of path B (LRU slots, stats, prefetch)

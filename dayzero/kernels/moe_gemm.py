@@ -26,6 +26,9 @@ e2m1 * 2^(scale - 127), exactly (the product is a power of two times a 2-bit man
 is a bf16 only for scale bytes up to 128, so the factor is applied as 2^(min(s, 128) - 1) times
 2^(max(s, 128) - 128) (1 for every trained checkpoint), two bf16x2 multiplies, without a branch.
 Scale byte 0xFF (NaN) gives NaN, like the reference.
+
+At decode token counts (few rows per active expert) moe_layer hands MXFP4 layers to moe_decode, whose
+kernels multiply int8-quantized activations with the E2M1 codes by dp4a instead of tensor-core MMAs.
 """
 
 from __future__ import annotations
@@ -135,6 +138,23 @@ def _bf16_tile(w_ptr, offs_n, n_mask, k0, K: tl.constexpr, stride_wn, BLOCK_K: t
 
 
 @triton.jit
+def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr):
+    """float32 act(gate, up). ACT_SWIGLU: silu(gate) * up, with HAS_LIMIT gate clamped above and up
+    to [-limit, limit] (DeepSeek-V4 swiglu_limit). ACT_SWIGLU_CLAMPED (gpt-oss): both clamped so, then
+    gate * sigmoid(alpha * gate) * (up + 1)."""
+    if ACTIVATION == 1:
+        if HAS_LIMIT:
+            gate = tl.minimum(gate, limit)
+            up = tl.minimum(tl.maximum(up, -limit), limit)
+        out = gate * tl.sigmoid(gate) * up
+    else:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        out = gate * tl.sigmoid(alpha * gate) * (up + 1.0)
+    return out
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
     N, S, E, up_offset, alpha, limit,
@@ -209,17 +229,8 @@ def _moe_gemm_kernel(
         acc += tl.load(b_base + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         if GATED:
             acc_up += tl.load(b_base + up_offset + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-    if ACTIVATION == 1:  # swiglu: silu(gate) * up, optional clamp (DeepSeek-V4 swiglu_limit)
-        gate = acc
-        up = acc_up
-        if HAS_LIMIT:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
-        acc = gate * tl.sigmoid(gate) * up
-    elif ACTIVATION == 2:  # gpt-oss: gate * sigmoid(alpha * gate) * (up + 1), both clamped
-        gate = tl.minimum(acc, limit)
-        up = tl.minimum(tl.maximum(acc_up, -limit), limit)
-        acc = gate * tl.sigmoid(alpha * gate) * (up + 1.0)
+    if GATED:
+        acc = _activate(acc, acc_up, alpha, limit, ACTIVATION, HAS_LIMIT)
     if ROUTER_WEIGHT:
         rw = tl.load(router_weight_ptr + pair, mask=row_valid, other=0.0).to(tl.float32)
         acc = acc * rw[None, :]
@@ -283,9 +294,12 @@ def grouped_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activ
 # -- the routed-expert layer ---------------------------------------------------------------------
 
 def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
-              configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+              configs=None) -> torch.Tensor:
     """dispatch -> gate/up GEMM with fused bias + activation -> down GEMM with bias x router weight ->
-    combine. Arguments already checked; w13/w2 as grouped_gemm takes them."""
+    combine. Arguments already checked; w13/w2 as grouped_gemm takes them. configs: a (GemmConfig,
+    GemmConfig) pair (this module's tensor-core GEMM), a moe_decode.DecodeConfig (MXFP4 only: the
+    integer-dot decode kernels), or None to choose from the static sizes (decode kernels for MXFP4
+    when moe_decode.choose_decode_config returns a config)."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
     T, H = x.shape
@@ -294,6 +308,14 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         return torch.zeros_like(x)
     mxfp4 = s13 is not None
     pairs = topk_ids.numel()
+    if mxfp4 and not isinstance(configs, tuple):
+        from dayzero.kernels.moe_decode import choose_decode_config, moe_layer_decode
+
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        decode = configs or choose_decode_config(T, pairs, E, H, inter, sms)
+        if decode is not None:
+            return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,
+                                    config=decode)
     c1, c2 = configs or (choose_config(pairs, E, inter, mxfp4, True), choose_config(pairs, E, H, mxfp4, False))
     if c1.block_m != c2.block_m:
         raise ValueError(f"moe_layer: both GEMMs must use one BLOCK_M, got {c1.block_m} and {c2.block_m}")

@@ -1,0 +1,223 @@
+"""Tile sweep of path A's decode kernels (dayzero/kernels/moe_decode.py) on one GPU: each GEMM alone,
+then whole layers, in CUDA graphs with the weights rotating over copies far larger than L2.
+
+    python bench/moe_decode.py --precompile 12     # fill Triton's cache from 12 processes first
+    python bench/moe_decode.py --json out.json     # time: gpt-oss-120b and DeepSeek-V4 at 1, 8, 32 tokens
+
+Per model and token count: the gate/up GEMM (bias + activation + quantized h) and the down GEMM
+(bias x router weight) are timed alone for every (BLOCK_M, BLOCK_N, BLOCK_K, warps) in the grid, as %
+of the measured device-to-device copy bandwidth on the MXFP4 bytes of the distinct active experts;
+then the whole layer (dispatch, quantize, both GEMMs, combine) with the default tiles
+(choose_decode_config), with the best tiles of each GEMM, and on the tensor-core kernel (moe_gemm,
+the path A before the decode kernels). Method as bench/moe.py (median of --reps graph replays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.moe import MODELS, copy_bandwidth, median_ms, random_experts  # noqa: E402
+from dayzero.ops.moe import ExpertWeights  # noqa: E402
+
+TOKENS = (1, 8, 32)
+EXTRA_TOKENS = (64, 128)  # layer only: decode kernels vs the tensor-core kernel
+BLOCK_MS = {1: (1,), 8: (1, 2, 4), 32: (1, 2, 4)}
+# (BLOCK_N, BLOCK_K, warps); BLOCK_N * BLOCK_K / 32 >= 32 * warps keeps at least one 32-value block per
+# thread. Wide BLOCK_K with many warps splits K inside a program (fewer serial steps per program).
+GEMM1_TILES = [(32, 128, 4), (32, 256, 4), (32, 256, 8), (32, 512, 4), (32, 512, 8), (32, 1024, 8), (32, 1024, 16),
+               (64, 128, 4), (64, 256, 4), (64, 256, 8), (64, 512, 16)]
+GEMM2_TILES = [(16, 256, 4), (16, 512, 4), (16, 512, 8), (16, 1024, 8), (16, 1024, 16), (32, 128, 4), (32, 256, 4),
+               (32, 512, 4), (32, 1024, 16), (64, 128, 4), (64, 256, 4), (64, 256, 8), (64, 512, 8)]
+
+
+def tiles_arg(text: str) -> list[tuple[int, int, int]]:
+    """'32x256x4,64x256x8' -> [(32, 256, 4), (64, 256, 8)]"""
+    return [tuple(int(v) for v in t.split("x")) for t in text.split(",")]
+
+
+def words(e: ExpertWeights):
+    E, n13, H = e.w13.shape[0], e.w13.shape[1], e.w13.shape[2] * 32
+    return (e.w13.view(torch.int32).view(E, n13, H // 8), e.w13_scale,
+            e.w2.view(torch.int32).view(E, H, n13 // 16), e.w2_scale)
+
+
+def graph_us(fn, copies: int, reps: int) -> float:
+    """Median µs of one graph replay of fn(copy), rotating over the copies (each captured once)."""
+    for s in range(copies):
+        fn(s)
+    torch.cuda.synchronize()
+    graphs = []
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for s in range(copies):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                fn(s)
+            graphs.append(g)
+    torch.cuda.current_stream().wait_stream(stream)
+    us = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies)
+    del graphs
+    return us
+
+
+def precompile(workers: int) -> None:
+    """Compile every kernel variant the sweep launches, spread over processes (Triton's disk cache)."""
+    import multiprocessing as mp
+
+    bms = sorted({bm for v in BLOCK_MS.values() for bm in v})
+    jobs = [(m, bm, 1, t) for m in MODELS for bm in bms for t in GEMM1_TILES]
+    jobs += [(m, bm, 2, t) for m in MODELS for bm in bms for t in GEMM2_TILES]
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers) as pool:
+        for _ in pool.imap_unordered(_compile_one, jobs):
+            pass
+    print(f"precompiled {len(jobs)} kernel variants with {workers} processes", flush=True)
+
+
+def _compile_one(job) -> None:
+    from dayzero.kernels.moe_decode import decode_gemm, quantize_rows
+    from dayzero.kernels.moe_dispatch import dispatch
+
+    model, bm, which, (bn, bk, nw) = job
+    E, k, H, I, act, bias = MODELS[model]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    e = random_experts(2, H, I, bias, gen)
+    w13, s13, w2, s2 = words(e)
+    ids = torch.zeros(2, k, dtype=torch.int64, device="cuda")
+    d = dispatch(ids, 2, bm)
+    if which == 1:
+        x = torch.randn(2, H, device="cuda").bfloat16()
+        xq, xs = quantize_rows(x)
+        decode_gemm(xq, xs, w13, s13, e.b13, d, out_features=I, gather=True, activation=_act(act),
+                    alpha=act.alpha or 1.0, limit=act.limit, block_n=bn, block_k=bk, num_warps=nw)
+    else:
+        hq = torch.zeros(d.max_rows, 4, I // 8, dtype=torch.int32, device="cuda")
+        hs = torch.zeros(d.max_rows, I // 32, device="cuda")
+        decode_gemm(hq, hs, w2, s2, e.b2, d, out_features=H, gather=False,
+                    router_weights=torch.ones(ids.numel(), device="cuda"), block_n=bn, block_k=bk, num_warps=nw)
+    torch.cuda.synchronize()
+
+
+def _act(act) -> int:
+    from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED
+
+    return ACT_SWIGLU if act.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+
+
+def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list) -> None:
+    from dayzero.kernels.moe_decode import DecodeConfig, choose_decode_config, decode_gemm, quantize_rows
+    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe_gemm import choose_config
+
+    E, k, H, I, act, bias = MODELS[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = random_experts(E, H, I, bias, gen)
+    sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
+                                   base.b13, base.b2) for _ in range(copies - 1)]
+    ws = [words(e) for e in sets]
+    mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731  MXFP4 bytes of one expert's [n, kk] matrix
+    for T in TOKENS:
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
+        distinct = int(torch.unique(ids).numel())
+        b1, b2 = distinct * mx(2 * I, H), distinct * mx(H, I)
+        xq, xs = quantize_rows(x)
+        best = {}
+        for bm in BLOCK_MS[T]:
+            d = dispatch(ids, E, bm)
+            g1 = lambda s, t: decode_gemm(xq, xs, ws[s][0], ws[s][1], base.b13, d, out_features=I, gather=True,  # noqa: E731
+                                          activation=_act(act), alpha=act.alpha or 1.0, limit=act.limit,
+                                          block_n=t[0], block_k=t[1], num_warps=t[2])
+            hq, hs = g1(0, GEMM1_TILES[0])
+            g2 = lambda s, t: decode_gemm(hq, hs, ws[s][2], ws[s][3], base.b2, d, out_features=H, gather=False,  # noqa: E731
+                                          router_weights=rw.view(-1), block_n=t[0], block_k=t[1], num_warps=t[2])
+            for which, tiles, fn, nbytes in ((1, GEMM1_TILES, g1, b1), (2, GEMM2_TILES, g2, b2)):
+                for t in tiles:
+                    us = graph_us(lambda s: fn(s, t), copies, reps)
+                    pct = 100 * nbytes / (us * 1e-6) / bw
+                    rows.append({"model": name, "tokens": T, "gemm": which, "block_m": bm, "block_n": t[0],
+                                 "block_k": t[1], "num_warps": t[2], "us": us, "bw_pct": pct})
+                    print(f"{name:>13} T={T:>3} gemm{which} bm={bm} bn={t[0]:>3} bk={t[1]} w={t[2]}: "
+                          f"{us:8.1f} us {pct:5.1f}% copy BW", flush=True)
+                    key = (bm, which)
+                    if key not in best or us < best[key][0]:
+                        best[key] = (us, t)
+        bm_best = min(BLOCK_MS[T], key=lambda bm: best[(bm, 1)][0] + best[(bm, 2)][0])
+        (_, t1), (_, t2) = best[(bm_best, 1)], best[(bm_best, 2)]
+        pairs = T * k
+        layers = {
+            "default": choose_decode_config(T, pairs, E, H, I),
+            "best": DecodeConfig(bm_best, t1[0], t2[0], t1[1], t2[1], t1[2], t2[2]),
+            "tensor-core": (choose_config(pairs, E, I, True, True), choose_config(pairs, E, H, True, False)),
+        }
+        layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct, rows)
+    # Past 32 tokens: the decode kernels (tiles of 32 tokens) against the tensor-core kernel
+    for T in EXTRA_TOKENS:
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
+        distinct = int(torch.unique(ids).numel())
+        layers = {"decode": choose_decode_config(T, T * k, E, H, I) or DecodeConfig(4, 32, 64),
+                  "tensor-core": (choose_config(T * k, E, I, True, True), choose_config(T * k, E, H, True, False))}
+        nbytes = distinct * (mx(2 * I, H) + mx(H, I))
+        layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows)
+
+
+def layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows) -> None:
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    for label, cfg in layers.items():
+        us = graph_us(lambda s: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=cfg), copies, reps)
+        pct = 100 * nbytes / (us * 1e-6) / bw
+        rows.append({"model": name, "tokens": T, "gemm": "layer", "label": label, "config": repr(cfg), "us": us,
+                     "bw_pct": pct, "distinct_experts": distinct})
+        print(f"{name:>13} T={T:>3} layer {label:>11}: {us:8.1f} us {pct:5.1f}% copy BW  {cfg}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--precompile", type=int, default=0, metavar="PROCESSES")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--gemm1-tiles", type=tiles_arg, help="BNxBKxWARPS,... (default: the grid above)")
+    ap.add_argument("--gemm2-tiles", type=tiles_arg)
+    ap.add_argument("--block-m", type=int, nargs="+", help="BLOCK_M values for every token count > 1")
+    args = ap.parse_args()
+    global GEMM1_TILES, GEMM2_TILES
+    GEMM1_TILES = args.gemm1_tiles or GEMM1_TILES
+    GEMM2_TILES = args.gemm2_tiles or GEMM2_TILES
+    if args.block_m:
+        for T in BLOCK_MS:
+            BLOCK_MS[T] = (1,) if T == 1 else tuple(args.block_m)
+    if not torch.cuda.is_available():
+        sys.exit("bench/moe_decode.py needs a CUDA device")
+    if args.precompile:
+        precompile(args.precompile)
+        return
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
+    rows: list[dict] = []
+    for name in args.models:
+        sweep_model(name, args.reps, args.copies, bw, rows)
+        torch.cuda.empty_cache()
+        if args.json:
+            args.json.write_text(json.dumps({"copy_bytes_per_s": bw, "rows": rows}, indent=1))
+    print("\nlayers:")
+    for r in rows:
+        if r["gemm"] == "layer":
+            print(f"| {r['model']} | {r['tokens']} | {r['label']} | {r['us']:.1f} | {r['bw_pct']:.1f}% | {r['config']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,591 @@
+"""Routed-expert layer for decode steps (few rows per expert), MXFP4 weights: integer dot products on
+the CUDA cores instead of tensor-core MMAs, so that the weights are decoded once, in registers, with
+a few integer instructions per code, and never travel through shared memory.
+
+At 1 to 32 tokens an active expert sees 1 to a few rows, so an MMA tile (64 weight rows x 16 rows) is
+mostly padding and the layer is bound by the work of unpacking weights, not by arithmetic. Here:
+
+- Activations are quantized per row and per 32 values of K (the MXFP4 block) to 16-bit integers
+  q = round(v * 2^(140 - E)) with E the float32 exponent field of the block's largest |v| (so
+  |q| <= 2^14: exact for every value within 2^6 of the block maximum, absolute error at most 2^-14 of
+  it otherwise, finer than bf16), split into a signed high byte and an unsigned low byte
+  (q = 256 * hi + lo). The factor back, 2^(E - 141), folds in the 1/2 of the weight bytes below.
+- Each E2M1 code becomes the signed byte 2 * value (-12..12) with three byte permutes (PRMT) per four
+  codes: one picks the magnitude from the table {0,1,2,3,4,6,8,12}, one from its negation, one selects
+  by the sign bit. `dp4a` (four int8 x int8 products plus an int32 addend) multiplies them with the
+  activation bytes; a 32-value block's integer sum (|sum| < 2^24, exact in float32) is scaled by the
+  activation factor and the block's E8M0 factor 2^(s - 127) (NaN for 0xFF), both powers of two, so
+  every block's contribution is exact and only the float32 sum over blocks rounds.
+- A program owns one dispatch block (BLOCK_M <= 4 padded rows of one expert) and BLOCK_N outputs; the
+  weights of a K tile are decoded once and used for every valid row of the block (rows past the
+  expert's count are skipped at run time). Tiles are read unmasked (a last partial K tile is read
+  from K - BLOCK_K, its repeated blocks get activation factor 0) and prefetched two steps ahead. The
+  gate/up GEMM applies biases and the activation and writes the intermediate h already quantized for
+  the down GEMM, which applies its bias and the router weight and writes bf16 rows for the final
+  k-slot reduction (moe_dispatch.combine).
+- The layer is four launches, with no host synchronisation: `prep` (the dispatch of up to 512 pairs
+  in one program, without atomics, and the quantization of x in the others), the two GEMMs, combine.
+
+Where this stands on the H200 (docs/kernels.md has the numbers): 1.8-2.9x faster than the tensor-core
+kernel at 1-32 tokens, 30-67% of copy bandwidth on the MXFP4 bytes; one token is latency-bound (few
+programs, about 24 instructions per weight word at one row).
+
+Layouts (all contiguous):
+    xq   int32 [R, 4, K/8]   quantized activation rows; word g of plane p holds 4 bytes for
+                             k = 8g + 4*(p % 2) .. +3: planes 0, 1 the high bytes, 2, 3 the low bytes
+    xs   float32 [R, K/32]   the factor 2^(E - 141) of each 32-value block (NaN if it held a non-finite)
+    w    int32 [E, N, K/8]   MXFP4 codes (canonical layout, 8 per word, code k = 8g+i in bits 4i..4i+3)
+    s    uint8 [E, N, K/32]  E8M0 scales
+
+Under Triton's interpreter (the CPU tests) PRMT and dp4a are computed by their definition in integer
+tensor ops; everything else is the compiled code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, _activate, interpreting
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """block_m: padded rows per dispatch block (1, 2 or 4). Per GEMM (1: gate/up, 2: down): block_n,
+    outputs per program (gate/up: intermediate columns, a multiple of 32); block_k, K per loop step (a
+    power of two >= 32, capped at K); num_warps."""
+    block_m: int
+    block_n1: int
+    block_n2: int
+    block_k1: int = 256
+    block_k2: int = 256
+    num_warps1: int = 4
+    num_warps2: int = 4
+
+
+# Four E2M1 codes (the low 16 bits of m, sign bits cleared) -> four signed bytes 2 * value: a byte
+# permute from the magnitude table {0,1,2,3,4,6,8,12}, one from its negation, then one selecting per
+# byte by the sign bit (s: selector nibbles 0..3, plus 4 where the code is negative).
+_E2M1_BYTES_ASM = tl.constexpr("""{
+.reg .b32 m, s, p, q;
+and.b32 m, $2, 0x77777777;
+shr.u32 s, $2, 1;
+and.b32 s, s, 0x44444444;
+or.b32 s, s, 0x32103210;
+prmt.b32 p, $3, $4, m;
+prmt.b32 q, $5, $6, m;
+prmt.b32 $0, p, q, s;
+shr.u32 m, m, 16;
+shr.u32 s, s, 16;
+prmt.b32 p, $3, $4, m;
+prmt.b32 q, $5, $6, m;
+prmt.b32 $1, p, q, s;
+}""")
+
+
+@triton.jit
+def _e2m1_bytes_by_definition(words, SHIFT: tl.constexpr):
+    """Codes SHIFT/4 .. SHIFT/4 + 3 of each word (a 3-d tensor) as four signed bytes 2 * e2m1: what
+    the PRMTs give."""
+    i = tl.arange(0, 4)[None, None, None, :]
+    code = (words[:, :, :, None] >> (SHIFT + 4 * i)) & 0xF
+    mag = code & 7
+    twice = tl.where(mag < 4, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
+    twice = tl.where(code >= 8, -twice, twice)
+    return tl.sum((twice & 0xFF) << (8 * i), axis=3)  # disjoint bytes: the sum is their bitwise or
+
+
+@triton.jit
+def _e2m1_bytes(words, zero, USE_ASM: tl.constexpr):
+    """int32 words of 8 E2M1 codes -> (codes 0..3, codes 4..7), each as four signed bytes 2 * value."""
+    if USE_ASM:
+        # The tables as bytes 0..7 of two words: magnitudes {0,1,2,3 | 4,6,8,12} and their negations
+        # (0xFDFEFF00, 0xF4F8FAFC as int32). `zero` keeps them in registers (see _moe_decode_kernel).
+        tables = [zero + 0x03020100, zero + 0x0C080604, zero - 33620224, zero - 185009412]
+        lo, hi = tl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [words] + tables,
+                                           dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+    else:
+        lo = _e2m1_bytes_by_definition(words, 0)
+        hi = _e2m1_bytes_by_definition(words, 16)
+    return lo, hi
+
+
+@triton.jit
+def _bytes(v, SIGNED: tl.constexpr):
+    """The four bytes of each int32 of a 3-d tensor, [.., 4], sign-extended or not."""
+    shift = (24 - 8 * tl.arange(0, 4))[None, None, None, :]
+    if SIGNED:
+        return (v[:, :, :, None] << shift) >> 24
+    else:
+        return (v[:, :, :, None] >> (24 - shift)) & 0xFF
+
+
+@triton.jit
+def _e8m0_factor(scale):
+    """E8M0 bytes -> float32 2^(s - 127): s = 0 is the subnormal 2^-127, s = 0xFF NaN."""
+    s = scale.to(tl.int32)
+    bits = tl.where(s == 0, 0x00400000, s << 23)
+    bits = tl.where(s == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _quantize_store(v, q_ptr, s_ptr, n0, N: tl.constexpr, BLOCK: tl.constexpr):
+    """Quantize float32 v [BLOCK] (columns n0.. of one row) per 32 values into the xq/xs layout of the
+    module docstring; q_ptr/s_ptr point at the row. Columns past N are not stored (BLOCK % 32 == 0)."""
+    NB: tl.constexpr = BLOCK // 32
+    vb = tl.reshape(v, [NB, 32])
+    amax = tl.max(tl.abs(vb), axis=1)
+    e = tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF, 20)  # float32 exponent field of amax
+    factor = ((267 - e) << 23).to(tl.float32, bitcast=True)  # 2^(140 - e): |v| * factor < 2^14
+    back = ((e - 14) << 23).to(tl.float32, bitcast=True)  # 2^(e - 141)
+    finite = tl.sum((tl.abs(vb) < float("inf")).to(tl.int32), axis=1) == 32
+    back = tl.where(finite, back, float("nan"))  # a NaN or infinity in the block makes its products NaN
+    scaled = vb * factor[:, None]
+    q = (scaled + tl.where(scaled < 0, -0.5, 0.5)).to(tl.int32)  # round half away from zero
+    q = tl.where(scaled == scaled, q, 0)
+    q = tl.reshape(q, [NB, 4, 2, 4])  # [block, word, half, byte]: k = 32*block + 8*word + 4*half + byte
+    shift = 8 * tl.arange(0, 4)[None, None, None, :]
+    hi = tl.sum(((q >> 8) & 0xFF) << shift, axis=3)  # [NB, 4, 2]
+    lo = tl.sum((q & 0xFF) << shift, axis=3)
+    blk = n0 // 32 + tl.arange(0, NB)
+    word = (blk * 4)[:, None, None] + tl.arange(0, 4)[None, :, None]
+    plane = tl.arange(0, 2)[None, None, :] * (N // 8)
+    mask = (blk < N // 32)[:, None, None]
+    tl.store(q_ptr + plane + word, hi, mask=mask)
+    tl.store(q_ptr + 2 * (N // 8) + plane + word, lo, mask=mask)
+    tl.store(s_ptr + blk, back, mask=blk < N // 32)
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    n0 = tl.program_id(1) * BLOCK
+    offs = n0 + tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + row.to(tl.int64) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+    _quantize_store(v, q_ptr + row.to(tl.int64) * (K // 2), s_ptr + row.to(tl.int64) * (K // 32), n0, K, BLOCK)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] (any float dtype, K % 32 == 0) -> (xq int32 [R, 4, K/8], xs float32 [R, K/32])."""
+    R, K = x.shape
+    xq = torch.empty(R, 4, K // 8, dtype=torch.int32, device=x.device)
+    xs = torch.empty(R, K // 32, dtype=torch.float32, device=x.device)
+    if R:
+        block = min(1024, triton.next_power_of_2(K))
+        _quantize_rows_kernel[(R, triton.cdiv(K, block))](x, xq, xs, K=K, BLOCK=block)
+    return xq, xs
+
+
+def dequantize_rows(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
+    """The float32 rows that quantize_rows' output stands for (a test oracle)."""
+    R, _, words = xq.shape
+    b = xq.contiguous().view(torch.uint8).view(R, 4, words, 4).long()  # little-endian bytes
+    hi = torch.where(b[:, :2] >= 128, b[:, :2] - 256, b[:, :2])
+    q = hi * 256 + b[:, 2:]  # [R, 2 (half), words, 4]
+    q = q.permute(0, 2, 1, 3).reshape(R, words * 8)
+    return q.float() * (2 * xs).repeat_interleave(32, dim=1)
+
+
+@triton.jit
+def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, S, E, max_blocks,
+                 max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BS: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr):
+    """Program 0: the dispatch of S <= BS pairs (moe_dispatch's layout, pairs of an expert in pair
+    order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. Pair s's rank within
+    its expert counts the earlier pairs of that expert; a pair of rank divisible by BLOCK_M opens a
+    block, so the first block of an expert is the number of such pairs of lower experts."""
+    pid = tl.program_id(0)
+    if pid > 0:
+        row = (pid - 1) // NQ
+        n0 = ((pid - 1) % NQ) * QBLOCK
+        offs = n0 + tl.arange(0, QBLOCK)
+        v = tl.load(x_ptr + row.to(tl.int64) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
+        _quantize_store(v, xq_ptr + row.to(tl.int64) * (K // 2), xs_ptr + row.to(tl.int64) * (K // 32), n0, K,
+                        QBLOCK)
+    else:
+        s = tl.arange(0, BS)
+        ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
+        valid = (s < S) & (ids >= 0) & (ids < E)
+        key = tl.where(valid, ids, -1)
+        rank = tl.zeros([BS], tl.int32)
+        for j0 in tl.static_range(0, BS, CH):
+            j = j0 + tl.arange(0, CH)
+            kj = tl.load(ids_ptr + j, mask=j < S, other=-1).to(tl.int32)
+            kj = tl.where((kj >= 0) & (kj < E), kj, -2)  # an invalid pair matches none
+            rank += tl.sum(((key[:, None] == kj[None, :]) & (j[None, :] < s[:, None])).to(tl.int32), axis=1)
+        tl.store(pair_row_ptr + s, rank, mask=s < S)  # scratch: each chunk below reads the ranks back
+        tl.debug_barrier()
+        first = tl.zeros([BS], tl.int32)
+        for j0 in tl.static_range(0, BS, CH):
+            j = j0 + tl.arange(0, CH)
+            kj = tl.load(ids_ptr + j, mask=j < S, other=-1).to(tl.int32)
+            rj = tl.load(pair_row_ptr + j, mask=j < S, other=1)
+            opens = (kj >= 0) & (kj < E) & (rj % BLOCK_M == 0)
+            first += tl.sum(((kj[None, :] < key[:, None]) & opens[None, :]).to(tl.int32), axis=1)
+        tl.debug_barrier()
+        prow = tl.where(valid, first * BLOCK_M + rank, -1)
+        tl.store(pair_row_ptr + s, prow, mask=s < S)
+        for r0 in tl.static_range(0, NR * BR, BR):
+            r = r0 + tl.arange(0, BR)
+            tl.store(row_pair_ptr + r, tl.zeros([BR], tl.int32) + S, mask=r < max_rows)
+        for b0 in tl.static_range(0, NB * BR, BR):
+            b = b0 + tl.arange(0, BR)
+            tl.store(block_expert_ptr + b, tl.zeros([BR], tl.int32) + E, mask=b < max_blocks)
+        tl.debug_barrier()
+        tl.store(row_pair_ptr + prow, s, mask=valid)
+        tl.store(block_expert_ptr + first + rank // BLOCK_M, key, mask=valid & (rank % BLOCK_M == 0))
+
+
+PREP_MAX_PAIRS = 512
+
+
+def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int):
+    """(Dispatch, xq, xs) in one launch for at most PREP_MAX_PAIRS pairs: moe_dispatch.dispatch's
+    block_expert/row_pair/pair_row (pairs of an expert in pair order; counts and expert_block are not
+    computed: None) and quantize_rows(x)."""
+    from dayzero.kernels.moe_dispatch import Dispatch, dispatch_sizes
+
+    T, H = x.shape
+    ids = topk_ids.contiguous().view(-1)
+    S = ids.numel()
+    if S > PREP_MAX_PAIRS or block_m & (block_m - 1):
+        raise ValueError(f"prep: at most {PREP_MAX_PAIRS} pairs and a power-of-two block_m, got {S}, {block_m}")
+    max_blocks, max_rows = dispatch_sizes(S, num_experts, block_m)
+    dev = x.device
+    block_expert = torch.empty(max(max_blocks, 1), dtype=torch.int32, device=dev)
+    row_pair = torch.empty(max(max_rows, 1), dtype=torch.int32, device=dev)
+    pair_row = torch.empty(max(S, 1), dtype=torch.int32, device=dev)
+    xq = torch.empty(T, 4, H // 8, dtype=torch.int32, device=dev)
+    xs = torch.empty(T, H // 32, dtype=torch.float32, device=dev)
+    qblock = min(1024, triton.next_power_of_2(H))
+    nq = triton.cdiv(H, qblock)
+    bs = max(16, triton.next_power_of_2(S))
+    _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
+                                max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs, CH=min(bs, 64),
+                                BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024), num_warps=8)
+    d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],
+                 pair_row[:S])
+    return d, xq, xs
+
+
+@triton.jit
+def _tile_start(k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Where the K tile of step k0 is read from: k0, or K - BLOCK_K for a last partial tile (and for the
+    prefetches past the end), so that every load is in bounds and unmasked; the blocks read twice get
+    activation factor 0 (_load_row). Needs K >= BLOCK_K."""
+    return tl.minimum(k0, K - BLOCK_K)
+
+
+@triton.jit
+def _load_words(w_base, s_base, n0, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int32 words [BLOCK_N, BLOCK_K/32, 4] and E8M0 bytes [BLOCK_N, BLOCK_K/32] of rows n0.. for the
+    K tile of step k0 (see _tile_start)."""
+    KB: tl.constexpr = BLOCK_K // 32
+    start = _tile_start(k0, K, BLOCK_K)
+    word = start // 8 + tl.arange(0, BLOCK_K // 8)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    words = tl.load(w_base + offs_n[:, None] * (K // 8) + word[None, :])  # 2-d: a warp reads whole rows
+    # The scale bytes as a flat [BLOCK_N * KB] load, one byte per thread in row-major order, which is
+    # how the words' layout holds the 32-value blocks; the select hides the contiguity of kb from the
+    # compiler, which would otherwise vectorize the bytes into another layout.
+    i = tl.arange(0, BLOCK_N * KB)
+    kb = tl.where(i < 0, 0, i % KB)
+    scale = tl.load(s_base + (n0 + i // KB) * (K // 32) + start // 32 + kb)
+    return tl.reshape(words, [BLOCK_N, KB, 4]), tl.reshape(scale, [BLOCK_N, KB])
+
+
+@triton.jit
+def _load_row(xq_ptr, xs_ptr, a_row, k0, valid, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The four byte planes [1, BLOCK_K/32, 4] and the block factors [BLOCK_K/32] of activation row
+    a_row for the K tile of step k0 (see _tile_start): factor 0 for blocks before k0 (read twice) and
+    where not valid. The planes are loaded 2-d with the contiguity of the weight words, so that they
+    land in the words' register layout and broadcast over N for free."""
+    KB: tl.constexpr = BLOCK_K // 32
+    start = _tile_start(k0, K, BLOCK_K)
+    word = start // 8 + tl.arange(0, BLOCK_K // 8)
+    ptrs = xq_ptr + a_row.to(tl.int64) * (K // 2) + word[None, :]
+    h0 = tl.reshape(tl.load(ptrs, mask=valid, other=0), [1, KB, 4])
+    h1 = tl.reshape(tl.load(ptrs + K // 8, mask=valid, other=0), [1, KB, 4])
+    l0 = tl.reshape(tl.load(ptrs + 2 * (K // 8), mask=valid, other=0), [1, KB, 4])
+    l1 = tl.reshape(tl.load(ptrs + 3 * (K // 8), mask=valid, other=0), [1, KB, 4])
+    blk = start // 32 + tl.arange(0, KB)
+    xs = tl.load(xs_ptr + a_row.to(tl.int64) * (K // 32) + blk, mask=(blk >= k0 // 32) & valid, other=0.0)
+    return h0, h1, l0, l1, xs
+
+
+@triton.jit
+def _split4(v):
+    """[A, B, 4] -> the four [A, B] slices along the last dimension (held by one thread: no data movement)."""
+    a, b = tl.split(tl.reshape(v, [v.shape[0], v.shape[1], 2, 2]))
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    return a0, b0, a1, b1
+
+
+@triton.jit
+def _dp4a(a, b, c, ASM: tl.constexpr):
+    return tl.inline_asm_elementwise(ASM, "=r,r,r,r", [a, b, c], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _block_dot(w_lo, w_hi, wf, x, USE_ASM: tl.constexpr):
+    """float32 [BLOCK_N, KB]: each 32-value block's dot product of one weight row and one activation row
+    (x: _load_row's planes and factors)."""
+    h0, h1, l0, l1, xs = x
+    if USE_ASM:  # one dp4a chain per 32-value block: the signed high bytes, x 256, the unsigned low bytes
+        wl = _split4(w_lo)
+        wh = _split4(w_hi)
+        xh0 = _split4(h0)
+        xh1 = _split4(h1)
+        xl0 = _split4(l0)
+        xl1 = _split4(l1)
+        isum = tl.zeros(wf.shape, tl.int32)
+        for j in tl.static_range(4):
+            isum = _dp4a(wl[j], xh0[j], isum, "dp4a.s32.s32 $0, $1, $2, $3;")
+            isum = _dp4a(wh[j], xh1[j], isum, "dp4a.s32.s32 $0, $1, $2, $3;")
+        isum = isum << 8
+        for j in tl.static_range(4):
+            isum = _dp4a(wl[j], xl0[j], isum, "dp4a.s32.u32 $0, $1, $2, $3;")
+            isum = _dp4a(wh[j], xl1[j], isum, "dp4a.s32.u32 $0, $1, $2, $3;")
+    else:  # the same integers by their definition
+        q0 = (_bytes(h0, True) << 8) + _bytes(l0, False)
+        q1 = (_bytes(h1, True) << 8) + _bytes(l1, False)
+        isum = tl.sum(tl.sum(_bytes(w_lo, True) * q0 + _bytes(w_hi, True) * q1, axis=3), axis=2)
+    return (isum.to(tl.float32) * xs[None, :]) * wf
+
+
+@triton.jit
+def _accumulate(words, scale, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M: tl.constexpr,
+                USE_ASM: tl.constexpr):
+    """Decode one weight tile once and add its block dot products with each of the block's valid rows
+    (x0..x3, at most BLOCK_M, the first nrows) to that row's accumulator [BLOCK_N, KB]."""
+    lo, hi = _e2m1_bytes(words, zero, USE_ASM)
+    f = _e8m0_factor(scale)
+    acc0 += _block_dot(lo, hi, f, x0, USE_ASM)
+    if BLOCK_M > 1:
+        if nrows > 1:
+            acc1 += _block_dot(lo, hi, f, x1, USE_ASM)
+    if BLOCK_M > 2:
+        if nrows > 2:
+            acc2 += _block_dot(lo, hi, f, x2, USE_ASM)
+        if nrows > 3:
+            acc3 += _block_dot(lo, hi, f, x3, USE_ASM)
+    return acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _row_out(acc, acc_up, r, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0, alpha,
+             limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+             ROUTER_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_N: tl.constexpr):
+    """Epilogue of padded row mb*BLOCK_M + r: biases, activation (quantized h out) or router weight (bf16 y out)."""
+    row = (mb * BLOCK_M + r).to(tl.int64)
+    v = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        v += tl.load(b_base + offs_n).to(tl.float32)
+    if ACTIVATION != 0:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_BIAS:
+            up += tl.load(b_base + OUT_N + offs_n).to(tl.float32)
+        v = _activate(v, up, alpha, limit, ACTIVATION, HAS_LIMIT)
+        _quantize_store(v, out_ptr + row * (OUT_N // 2), out_s_ptr + row * (OUT_N // 32), n0, OUT_N, BLOCK_N)
+    else:
+        if ROUTER_WEIGHT:
+            pair = tl.load(row_pair_ptr + mb * BLOCK_M + r)
+            v = v * tl.load(router_weight_ptr + pair).to(tl.float32)
+        tl.store(out_ptr + row * OUT_N + offs_n, v.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit(do_not_specialize=["S", "E", "stride_be"])
+def _moe_decode_kernel(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
+    S, E, stride_be, alpha, limit,
+    K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
+    ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
+    rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I)."""
+    mb = tl.program_id(0)
+    expert = tl.load(block_expert_ptr + mb)
+    if expert >= E:
+        return
+    n0 = tl.program_id(1) * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    GATED: tl.constexpr = ACTIVATION != 0
+    pairs = tl.load(row_pair_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
+    nrows = tl.sum((pairs < S).to(tl.int32), axis=0)  # valid rows come first in a block
+    p0 = tl.load(row_pair_ptr + mb * BLOCK_M)
+    p1 = tl.load(row_pair_ptr + mb * BLOCK_M + 1 % BLOCK_M)
+    p2 = tl.load(row_pair_ptr + mb * BLOCK_M + 2 % BLOCK_M)
+    p3 = tl.load(row_pair_ptr + mb * BLOCK_M + 3 % BLOCK_M)
+    if GATHER:  # activation row = token of the pair
+        a0 = tl.where(p0 < S, p0 // TOP_K, 0)
+        a1 = tl.where(p1 < S, p1 // TOP_K, 0)
+        a2 = tl.where(p2 < S, p2 // TOP_K, 0)
+        a3 = tl.where(p3 < S, p3 // TOP_K, 0)
+    else:  # activation row = padded row
+        a0 = mb * BLOCK_M
+        a1 = mb * BLOCK_M + 1 % BLOCK_M
+        a2 = mb * BLOCK_M + 2 % BLOCK_M
+        a3 = mb * BLOCK_M + 3 % BLOCK_M
+
+    # 0, opaque to the compiler: the byte-permute tables (zero + constant) then stay in registers
+    # instead of being re-materialized before every use
+    zero = E >> 31
+    w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
+    s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
+    KB: tl.constexpr = BLOCK_K // 32
+    acc0 = tl.zeros([BLOCK_N, KB], tl.float32)
+    acc1 = tl.zeros([BLOCK_N, KB], tl.float32)
+    acc2 = tl.zeros([BLOCK_N, KB], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, KB], tl.float32)
+    up0 = tl.zeros([BLOCK_N, KB], tl.float32)
+    up1 = tl.zeros([BLOCK_N, KB], tl.float32)
+    up2 = tl.zeros([BLOCK_N, KB], tl.float32)
+    up3 = tl.zeros([BLOCK_N, KB], tl.float32)
+    # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
+    g0w, g0s = _load_words(w_base, s_base, n0, 0, K, BLOCK_N, BLOCK_K)
+    g1w, g1s = _load_words(w_base, s_base, n0, BLOCK_K, K, BLOCK_N, BLOCK_K)
+    if GATED:
+        u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, 0, K, BLOCK_N, BLOCK_K)
+        u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, BLOCK_K, K, BLOCK_N, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        x0 = _load_row(xq_ptr, xs_ptr, a0, k0, True, K, BLOCK_K)
+        x1, x2, x3 = x0, x0, x0  # the rows past BLOCK_M are never read
+        if BLOCK_M > 1:
+            x1 = _load_row(xq_ptr, xs_ptr, a1, k0, nrows > 1, K, BLOCK_K)
+        if BLOCK_M > 2:
+            x2 = _load_row(xq_ptr, xs_ptr, a2, k0, nrows > 2, K, BLOCK_K)
+            x3 = _load_row(xq_ptr, xs_ptr, a3, k0, nrows > 3, K, BLOCK_K)
+        gw, gs = g0w, g0s
+        g0w, g0s = g1w, g1s
+        g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, K, BLOCK_N, BLOCK_K)
+        acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
+                                             USE_ASM)
+        if GATED:
+            uw, us = u0w, u0s
+            u0w, u0s = u1w, u1s
+            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, K, BLOCK_N, BLOCK_K)
+            up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
+                                             USE_ASM)
+
+    b_base = bias_ptr + expert.to(tl.int64) * stride_be
+    _row_out(acc0, up0, 0, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0, alpha,
+             limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+    if BLOCK_M > 1:
+        if nrows > 1:
+            _row_out(acc1, up1, 1, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0,
+                     alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+    if BLOCK_M > 2:
+        if nrows > 2:
+            _row_out(acc2, up2, 2, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0,
+                     alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+        if nrows > 3:
+            _row_out(acc3, up3, 3, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0,
+                     alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+
+
+def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
+                alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
+                num_warps: int = 4):
+    """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
+    (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
+    [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
+    intermediate (hq int32 [max_rows, 4, out/8], hs float32 [max_rows, out/32]); else bf16 [max_rows,
+    out_features] times the router weights. Rows that are padding are left unwritten."""
+    E, NW, words = w.shape
+    K = words * 8
+    if d.block_m not in (1, 2, 4):
+        raise ValueError(f"decode_gemm: dispatch block_m must be 1, 2 or 4, got {d.block_m}")
+    if out_features % block_n or block_k % 32 or (activation and block_n % 32):
+        raise ValueError(f"decode_gemm: block_n {block_n} must divide {out_features} (and be a multiple of 32 "
+                         f"with an activation), block_k {block_k} a multiple of 32")
+    block_k = min(block_k, 1 << (K.bit_length() - 1))  # a tile never exceeds K (see _tile_start)
+    dev = xq.device
+    if activation:
+        out = torch.empty(d.max_rows, 4, out_features // 8, dtype=torch.int32, device=dev)
+        out_s = torch.empty(d.max_rows, out_features // 32, dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=dev)
+        out_s = None
+    if d.max_rows == 0:
+        return (out, out_s) if activation else out
+    dummy = d.pair_row
+    S = d.pair_row.shape[0]
+    grid = (d.max_blocks, out_features // block_n)
+    _moe_decode_kernel[grid](
+        xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy,
+        d.row_pair, d.block_expert, router_weights if router_weights is not None else dummy,
+        S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
+        K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
+        HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
+        BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
+        num_warps=num_warps, num_stages=1,
+    )
+    return (out, out_s) if activation else out
+
+
+def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
+                     config: DecodeConfig) -> torch.Tensor:
+    """dispatch + quantize x -> gate/up GEMM (bias, activation, quantized h) -> down GEMM (bias, router
+    weight) -> combine. Arguments checked by moe_experts_mxfp4; w13/w2 int32 words."""
+    from dayzero.kernels.moe_dispatch import combine, dispatch
+
+    T, H = x.shape
+    E = w13.shape[0]
+    if topk_ids.numel() <= PREP_MAX_PAIRS:
+        d, xq, xs = prep(x, topk_ids, E, config.block_m)
+    else:
+        d = dispatch(topk_ids, E, config.block_m)
+        xq, xs = quantize_rows(x)
+    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    alpha = activation.alpha if activation.alpha is not None else 1.0
+    hq, hs = decode_gemm(xq, xs, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
+                         limit=activation.limit, block_n=config.block_n1, block_k=config.block_k1,
+                         num_warps=config.num_warps1)
+    y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
+                    router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
+                    block_k=config.block_k2, num_warps=config.num_warps2)
+    return combine(y, d, T, x.dtype)
+
+
+DECODE_MAX_ROWS_PER_EXPERT = 3.5  # expected pairs per active expert up to which the decode kernels run
+
+
+def expected_active_experts(num_tokens: int, top_k: int, num_experts: int) -> float:
+    """Distinct experts a step activates on average if each token picks top_k of E uniformly."""
+    return num_experts * (1 - (1 - min(top_k, num_experts) / num_experts) ** num_tokens)
+
+
+def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidden: int, inter: int,
+                         num_sms: int = 132) -> DecodeConfig | None:
+    """The decode kernels' tiles from static sizes alone, or None where the tensor-core GEMM should run
+    (more than DECODE_MAX_ROWS_PER_EXPERT expected rows per active expert: on the H200 the decode
+    kernels were faster at 64 tokens on gpt-oss-120b shapes (2.3 rows) and at 128 tokens on DeepSeek-V4
+    shapes (3.2 rows), slower at 128 tokens on gpt-oss-120b (4.1 rows)).
+
+    Measured on the H200 (bench/moe_decode.py; docs/kernels.md): BLOCK_M 1 while experts see about one
+    row, else 2 (4 past 2.5 rows); few programs (1 token) want wide tiles of 8 warps (gate/up) and
+    narrow ones with K split over 8 warps (down); many programs 32 x 256 tiles of 4 warps (gate/up)
+    and 64 x 256 (down)."""
+    top_k = max(1, num_pairs // max(1, num_tokens))
+    active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
+    rows = num_pairs / active
+    if rows > DECODE_MAX_ROWS_PER_EXPERT:
+        return None
+    block_m = 1 if rows <= 1.25 else 2 if rows <= 2.5 else 4
+    if active * inter / 32 < 4 * num_sms and inter % 64 == 0:
+        n1, k1, w1 = 64, 256, 8
+    else:
+        n1, k1, w1 = 32, 256, 4
+    if active * hidden / 64 >= 20 * num_sms and hidden % 64 == 0:
+        n2, k2, w2 = 64, 256, 4
+    elif active * hidden / 32 >= 8 * num_sms:
+        n2, k2, w2 = 32, 512, 4
+    else:  # few programs: K split over 8 warps inside each
+        n2, k2, w2 = 16, 1024, 8
+    return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2)

@@ -1,0 +1,176 @@
+"""Decode kernels of path A (moe_decode: int8 x E2M1 dot products, no tensor cores) against the
+reference op and the exact float32 layer; exactness of the weight decode; the activation quantizer.
+
+Under the CPU interpreter the byte permutes and dp4a are computed by their definition (the rest is
+the compiled code); on CUDA the PTX runs. Tolerances as in test_moe_mxfp4.
+"""
+
+import pytest
+import torch
+
+from dayzero.ops.moe import Activation, _experts_reference
+from tests.kernels.conftest import cuda, interpreter
+from tests.kernels.moe_inputs import exact, random_layer, random_mxfp4, random_routing, rel_err
+from tests.kernels.test_moe_mxfp4 import ACTIVATIONS, MODELS, model_layers  # noqa: F401  (fixture)
+
+
+def _run(x, ids, w, experts, act, config=None):
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    return moe_experts_mxfp4(x, ids, w, experts, act, configs=config)
+
+
+@interpreter
+@pytest.mark.parametrize("tokens,block_m,bias,act", [(1, 1, True, a) for a in ACTIVATIONS] + [
+    (3, 2, False, a) for a in ACTIVATIONS] + [(9, 4, True, "gpt_oss"), (9, 4, False, "swiglu_limit")])
+def test_decode_layer_interpreted(tokens, block_m, bias, act):
+    """H = 96 with BLOCK_K 64: the last K tile overlaps the one before (its repeated blocks must
+    count once); 9 tokens x top-2 over 6 experts puts more than 4 rows on some experts (two blocks)."""
+    from dayzero.kernels.moe_decode import DecodeConfig
+
+    gen = torch.Generator().manual_seed(100 + tokens)
+    E, H, I = 6, 96, 64
+    experts = random_layer(E, H, I, gen, "cpu", bias)
+    x = torch.randn(tokens, H, generator=gen).bfloat16()
+    ids, w = random_routing(tokens, E, 2, gen, "cpu")
+    out = _run(x, ids, w, experts, ACTIVATIONS[act], DecodeConfig(block_m, 64, 32, 64, 64))
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
+    assert rel_err(out, _experts_reference(x, ids, w, experts, ACTIVATIONS[act])) < 1.5e-2
+
+
+def _readback(blocks, scales, device, block_m=4, block_n=32, block_k=64):
+    """Every weight column read back through the down-projection kernel: x = identity rows."""
+    from dayzero.kernels.moe_decode import decode_gemm, quantize_rows
+    from dayzero.kernels.moe_dispatch import dispatch
+
+    E, N, kb, _ = blocks.shape
+    K = kb * 32
+    xq, xs = quantize_rows(torch.eye(K, dtype=torch.bfloat16, device=device))
+    d = dispatch(torch.zeros(K, 1, dtype=torch.int64, device=device), E, block_m)
+    words = blocks.view(torch.int32).view(E, N, K // 8)
+    out = decode_gemm(xq, xs, words, scales, None, d, out_features=N, gather=True, block_n=block_n, block_k=block_k)
+    return out[d.pair_row.long()].T  # [N, K]
+
+
+def _check_readback(device, scale_range, **tiles):
+    from dayzero.formats import mxfp4
+
+    gen = torch.Generator().manual_seed(scale_range[0])
+    blocks, scales = random_mxfp4((1, 32), 64, gen, device, scale_range)
+    blocks[0, 0, 0] = torch.arange(16, dtype=torch.uint8, device=device) * 17  # every code, both nibbles
+    got = _readback(blocks, scales, device, **tiles)
+    want = mxfp4.dequantize(blocks[0], scales[0], torch.bfloat16)
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@interpreter
+def test_decode_weights_are_exact_interpreted():
+    _check_readback("cpu", (110, 140))
+
+
+@interpreter
+def test_quantize_rows_interpreted():
+    """Within 2^-14 of each 32-value block's largest |x| (exact for values within 2^6 of it); a NaN or
+    infinity makes its block's factor NaN."""
+    from dayzero.kernels.moe_decode import dequantize_rows, quantize_rows
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 160, generator=gen) * torch.logspace(-6, 6, 160).view(1, 160)
+    x = x.bfloat16()
+    x[2, 40] = float("nan")
+    x[1, 100] = float("inf")
+    xq, xs = quantize_rows(x)
+    back = dequantize_rows(xq, xs)
+    blocks = x.float().view(3, 5, 32)
+    bound = blocks.abs().nan_to_num(0, 0, 0).amax(-1, keepdim=True) * 2.0**-14
+    finite = torch.ones(3, 5, dtype=torch.bool)
+    finite[2, 1] = finite[1, 3] = False
+    assert (xs.isnan() == ~finite).all()
+    err = (back.view(3, 5, 32) - blocks).abs()
+    assert (err[finite] <= bound.expand_as(blocks)[finite]).all()
+
+
+@interpreter
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 4, 128, 1), (9, 2, 6, 4), (40, 8, 16, 2)])
+def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, block_m):
+    """The one-launch dispatch + quantization of the decode path: the reference dispatch (also stable
+    within an expert), ids outside [0, E) dropped; the same bits as quantize_rows."""
+    from dayzero.kernels.moe_decode import prep, quantize_rows
+    from dayzero.kernels.moe_dispatch import dispatch_reference
+
+    gen = torch.Generator().manual_seed(tokens)
+    ids, _ = random_routing(tokens, experts, top_k, gen, "cpu")
+    if tokens > 9:
+        ids[3, 1], ids[7, 0] = experts + 5, -1
+    x = torch.randn(tokens, 96, generator=gen).bfloat16()
+    d, xq, xs = prep(x, ids, experts, block_m)
+    ref = dispatch_reference(ids, experts, block_m)
+    for field in ("block_expert", "row_pair", "pair_row"):
+        assert torch.equal(getattr(d, field), getattr(ref, field)), field
+    want_q, want_s = quantize_rows(x)
+    assert torch.equal(xq, want_q) and torch.equal(xs, want_s)
+
+
+@interpreter
+def test_choose_decode_config():
+    from dayzero.kernels.moe_decode import choose_decode_config
+
+    assert choose_decode_config(1, 4, 128, 2880, 2880).block_m == 1
+    assert choose_decode_config(32, 128, 128, 2880, 2880) is not None
+    assert choose_decode_config(128, 512, 128, 2880, 2880) is None  # ~4 rows per active expert: tensor cores
+    assert choose_decode_config(128, 768, 256, 4096, 2048) is not None  # ~3.2
+
+
+# -- CUDA, full model shapes --------------------------------------------------------------------
+
+@cuda
+@pytest.mark.parametrize("scale_range", [(0, 128), (100, 140), (1, 252)])
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_decode_weights_are_exact_cuda(scale_range, block_k):
+    """Every code and scale byte, including bf16-subnormal results (small scales)."""
+    blocks_k = 256
+    from dayzero.formats import mxfp4
+
+    gen = torch.Generator().manual_seed(scale_range[0])
+    blocks, scales = random_mxfp4((1, 64), blocks_k, gen, "cuda", scale_range)
+    blocks[0, 0, 0] = torch.arange(16, dtype=torch.uint8, device="cuda") * 17
+    got = _readback(blocks, scales, "cuda", block_k=block_k)
+    want = mxfp4.dequantize(blocks[0], scales[0], torch.bfloat16)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@cuda
+def test_decode_nan_scale_gives_nan_cuda():
+    gen = torch.Generator().manual_seed(1)
+    blocks, scales = random_mxfp4((1, 64), 256, gen, "cuda")
+    scales[0, 3, 1] = 255
+    got = _readback(blocks, scales, "cuda", block_k=256)  # [N, K]
+    assert got[3].isnan().all()
+    assert torch.cat([got[:3], got[4:]]).isfinite().all()
+
+
+@cuda
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("tokens,block_m,tiles", [(1, 1, (32, 16, 256, 256)), (1, 1, (64, 16, 256, 1024, 8, 8)),
+                                                  (5, 2, (64, 64, 128, 128, 8, 8)),
+                                                  (17, 4, (32, 32, 256, 128)), (32, 4, (64, 64, 256, 256, 8, 4)),
+                                                  (100, 4, (32, 32, 256, 256))])  # 100: dispatch(), not prep
+def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_layers):  # noqa: F811
+    """Forced decode tiles (the PTX byte permutes and dp4a) at full model shapes."""
+    from dayzero import ops
+    from dayzero.kernels.moe_decode import DecodeConfig
+    from dayzero.ops import REGISTRY
+
+    E, k, H, I, act, _ = MODELS[model]
+    experts = model_layers(model)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
+    ids, w = random_routing(tokens, E, k, gen, "cuda")
+    out = _run(x, ids, w, experts, act, DecodeConfig(block_m, *tiles))
+    with REGISTRY.force_backend("reference"):
+        ref = ops.moe_experts_mxfp4(x, ids, w, experts, act)
+    assert out.isfinite().all()
+    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
+    assert rel_err(out, ref) < 1.5e-2
