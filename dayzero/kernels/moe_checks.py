@@ -77,17 +77,22 @@ def check_mxfp4_call(x, topk_ids, topk_weights, experts: ExpertWeights, activati
     check_biases(op, experts, E, inter, H, x.device)
 
 
+def _stacked_sizes(op, fmt, dtype_name, x, topk_ids, topk_weights, experts, activation) -> tuple[int, int, int]:
+    """Routing checks, the format, and (E, intermediate, hidden) of unpacked stacked experts."""
+    check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
+    if experts.format != fmt:
+        raise ValueError(f"{op}: experts.format must be {fmt!r}, got {experts.format!r}")
+    w13 = experts.w13
+    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2:
+        raise ValueError(f"{op}: experts.w13 must be {dtype_name} [E, 2I, H], got {getattr(w13, 'shape', w13)}")
+    return w13.shape[0], w13.shape[1] // 2, x.shape[1]
+
+
 def check_bf16_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation: Activation) -> None:
     """moe_experts_bf16 (path C): bf16 w13 [E, 2I, H] / w2 [E, H, I]."""
     op = "moe_experts_bf16[triton]"
-    check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
-    if experts.format != "bf16":
-        raise ValueError(f"{op}: experts.format must be 'bf16', got {experts.format!r}")
-    w13 = experts.w13
-    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2:
-        raise ValueError(f"{op}: experts.w13 must be bf16 [E, 2I, H], got {getattr(w13, 'shape', w13)}")
-    E, inter, H = w13.shape[0], w13.shape[1] // 2, x.shape[1]
-    check_tensor(op, "experts.w13", w13, (E, 2 * inter, H), (torch.bfloat16,), x.device)
+    E, inter, H = _stacked_sizes(op, "bf16", "bf16", x, topk_ids, topk_weights, experts, activation)
+    check_tensor(op, "experts.w13", experts.w13, (E, 2 * inter, H), (torch.bfloat16,), x.device)
     check_tensor(op, "experts.w2", experts.w2, (E, H, inter), (torch.bfloat16,), x.device)
     check_biases(op, experts, E, inter, H, x.device)
 
@@ -96,13 +101,8 @@ def check_fp8_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation
     """moe_experts_fp8 (FP8 GEMM): float8_e4m3fn w13 [E, 2I, H] / w2 [E, H, I] with float32 128x128
     block scales [E, ceil(N/128), ceil(K/128)]; hidden and intermediate multiples of 16 (row alignment)."""
     op = "moe_experts_fp8[triton]"
-    check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
-    if experts.format != "fp8":
-        raise ValueError(f"{op}: experts.format must be 'fp8', got {experts.format!r}")
+    E, inter, H = _stacked_sizes(op, "fp8", "float8_e4m3fn", x, topk_ids, topk_weights, experts, activation)
     w13 = experts.w13
-    if not isinstance(w13, torch.Tensor) or w13.dim() != 3 or w13.shape[1] % 2:
-        raise ValueError(f"{op}: experts.w13 must be float8_e4m3fn [E, 2I, H], got {getattr(w13, 'shape', w13)}")
-    E, inter, H = w13.shape[0], w13.shape[1] // 2, x.shape[1]
     if H % 16 or inter % 16:
         raise ValueError(f"{op}: hidden ({H}) and intermediate ({inter}) must be multiples of 16 (row alignment)")
     cdiv = lambda a, b: -(-a // b)  # noqa: E731
@@ -116,20 +116,21 @@ def check_fp8_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation
     check_biases(op, experts, E, inter, H, x.device)
 
 
-def _supports(check):
-    def supports(x, topk_ids, topk_weights, experts, activation) -> bool:
-        if not isinstance(x, torch.Tensor) or not x.is_cuda:
+def cuda_supports(check, errors: tuple[type[Exception], ...] = (ValueError,)):
+    """A registry `supports` predicate: the call's first tensor is on CUDA and `check` accepts it."""
+    def supports(first, *args, **kwargs) -> bool:
+        if not isinstance(first, torch.Tensor) or not first.is_cuda:
             return False
         try:
-            check(x, topk_ids, topk_weights, experts, activation)
-        except ValueError:
+            check(first, *args, **kwargs)
+        except errors:
             return False
         return True
 
-    supports.__doc__ = f"True when {check.__name__} accepts the call and x is on CUDA."
+    supports.__doc__ = f"True when {check.__name__} accepts the call and its first tensor is on CUDA."
     return supports
 
 
-supports_mxfp4 = _supports(check_mxfp4_call)
-supports_bf16 = _supports(check_bf16_call)
-supports_fp8 = _supports(check_fp8_call)
+supports_mxfp4 = cuda_supports(check_mxfp4_call)
+supports_bf16 = cuda_supports(check_bf16_call)
+supports_fp8 = cuda_supports(check_fp8_call)

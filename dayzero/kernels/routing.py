@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dayzero.kernels.moe_checks import cuda_supports
 from dayzero.ops.routing_v4 import SCORE_FUNCTIONS
 
 MAX_EXPERTS = 512  # E scores of BLOCK_T tokens live in one warp's registers
@@ -132,24 +133,10 @@ def check_hash_call(logits, token_ids, tid2eid, scaling=1.0, score_function="sqr
         raise ValueError(f"{op}: unknown score_function {score_function!r}; supported: {', '.join(SCORE_FUNCTIONS)}")
 
 
-def _supports(check):
-    def supports(logits, *args, **kwargs) -> bool:
-        if not isinstance(logits, torch.Tensor) or not logits.is_cuda:
-            return False
-        try:
-            check(logits, *args, **kwargs)
-        except (ValueError, TypeError):
-            return False
-        return True
-
-    supports.__doc__ = f"True when {check.__name__} accepts the call and logits are on CUDA."
-    return supports
-
-
-supports_softmax = _supports(check_softmax_call)
-supports_sigmoid_grouped = _supports(check_sigmoid_grouped_call)
-supports_sqrtsoftplus = _supports(check_sqrtsoftplus_call)
-supports_hash = _supports(check_hash_call)
+supports_softmax = cuda_supports(check_softmax_call, (ValueError, TypeError))
+supports_sigmoid_grouped = cuda_supports(check_sigmoid_grouped_call, (ValueError, TypeError))
+supports_sqrtsoftplus = cuda_supports(check_sqrtsoftplus_call, (ValueError, TypeError))
+supports_hash = cuda_supports(check_hash_call, (ValueError, TypeError))
 
 
 # -- the kernel -----------------------------------------------------------------------------------
