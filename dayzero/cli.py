@@ -198,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV cache size in GiB (overrides --mem-fraction)")
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto",
                    help="KV cache entries in the model's dtype (auto) or FP8 E4M3 with a scale per 128 values")
+    p.add_argument("--fp8-workspace-gib", type=float, default=None,
+                   help="cross-layer FP8 expert workspace of MXFP4 models on CUDA (default: one layer's experts)")
     p.add_argument("--disable-prefix-caching", action="store_true",
                    help="do not reuse the KV blocks (and saved states) of earlier requests' prefixes")
     p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=None,

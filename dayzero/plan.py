@@ -247,15 +247,28 @@ def weight_bytes(spec: ModelSpec) -> dict[str, float]:
 @dataclass(frozen=True)
 class WorkspacePolicy:
     """The cross-layer FP8 expert workspace: experts stored in a 4-bit format (mxfp4, int4) are
-    converted to FP8 (1 B + one fp32 scale per fp8_block) when a layer's step activates them, into
-    a buffer reused by every layer. Per GPU it holds `buffers` layers' worth of
+    converted to FP8 (1 B + one fp32 scale per fp8_block: 1 x 128 along K, the layout of
+    dayzero/kernels/fp8_workspace.py) when a layer's step activates them, into a buffer reused by
+    every layer. Per GPU it holds `buffers` layers' worth of
     min(local experts, top_k * max_tokens_per_step) experts, local = ceil(num_experts / gpus)
     under an even expert split. buffers=2 lets the next layer convert while this one computes.
     """
 
     max_tokens_per_step: int = 8192
     buffers: int = 1
-    fp8_block: tuple[int, int] = (128, 128)
+    fp8_block: tuple[int, int] = (1, 128)
+
+
+def fp8_expert_bytes(experts, fp8_block: tuple[int, int] = (1, 128)) -> int:
+    """One routed expert converted to FP8: w13 [2I, K] and w2 [K, I] (K = the experts' input dim)
+    as e4m3 values plus one fp32 scale per fp8_block tile (partial tiles count whole)."""
+    inter, k = experts.intermediate_size, experts.input_dim
+    rows, cols = fp8_block
+
+    def scales(n: int, kk: int) -> int:
+        return -(-n // rows) * -(-kk // cols)
+
+    return 3 * inter * k + 4 * (scales(2 * inter, k) + scales(k, inter))
 
 
 def expert_workspace_bytes(spec: ModelSpec, gpus: int = 1, policy: WorkspacePolicy = WorkspacePolicy()) -> float:
@@ -264,7 +277,7 @@ def expert_workspace_bytes(spec: ModelSpec, gpus: int = 1, policy: WorkspacePoli
         return 0.0
     local = -(-e.num // gpus)
     n = min(local, e.top_k * policy.max_tokens_per_step)
-    return policy.buffers * n * expert_params(e) * bytes_per_param("fp8", fp8_block=policy.fp8_block)
+    return float(policy.buffers * n * fp8_expert_bytes(e, policy.fp8_block))
 
 
 # -- KV cache and recurrent state --------------------------------------------------------------

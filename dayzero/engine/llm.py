@@ -55,13 +55,15 @@ class LLM:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gib: float | None = None,
                  mem_fraction: float | None = None, enable_prefix_caching: bool = True,
-                 num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
-                 progress: bool = False):
+                 num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto",
+                 fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
         with recurrent state, num_state_snapshots saved states; default max_num_seqs).
-        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (FP8 entries, a scale per 128 values)."""
+        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (FP8 entries, a scale per 128 values).
+        fp8_workspace_gib: the cross-layer FP8 expert workspace of MXFP4 models on CUDA (path B);
+        default DAYZERO_FP8_WORKSPACE_GIB, else the memory plan's (one layer's experts in FP8)."""
         from dayzero.models import load_model
 
         if dtype not in DTYPES:
@@ -73,6 +75,7 @@ class LLM:
         self.path = Path(model)
         self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress)
         self.tokenizer = load_tokenizer(self.path)
+        _configure_expert_workspace(self.model, fp8_workspace_gib)
         kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
         if kv_cache_bytes is None and mem_fraction is not None:
             kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction)
@@ -161,6 +164,31 @@ class LLM:
 RESERVE_FRACTION = 0.05  # of the device's memory, kept for activations, allocator slack and the runtime
 
 
+def _uses_expert_workspace(model) -> bool:
+    """MXFP4 experts on CUDA, with path B allowed (dayzero/kernels/moe_mxfp4.py)."""
+    import os
+
+    return (model.device_.type == "cuda" and model.spec.quant.expert_format == "mxfp4"
+            and os.environ.get("DAYZERO_MOE_PATH", "auto") != "a")
+
+
+def _configure_expert_workspace(model, gib: float | None) -> None:
+    """Size the FP8 expert workspace of the model's device: the argument, else the environment, else
+    the memory plan's (dayzero/plan.py: expert_workspace_bytes)."""
+    import os
+
+    if not _uses_expert_workspace(model):
+        if gib is not None:
+            raise ValueError("fp8_workspace_gib applies to MXFP4 experts on CUDA only")
+        return
+    from dayzero.kernels.fp8_workspace import WORKSPACE_GIB_ENV, configure_default_workspace
+    from dayzero.plan import expert_workspace_bytes
+
+    if gib is None and not os.environ.get(WORKSPACE_GIB_ENV):
+        gib = expert_workspace_bytes(model.spec) / 2**30
+    configure_default_workspace(gib=gib)
+
+
 def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
     """mem_fraction of the device's memory (RAM on CPU) minus the weights, a reserve and, for MXFP4
     experts on CUDA, the FP8 expert workspace of path B (dayzero/kernels/fp8_workspace.py), in bytes."""
@@ -175,7 +203,7 @@ def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     weights = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
     workspace = 0
-    if device.type == "cuda" and model.spec.quant.expert_format == "mxfp4" and os.environ.get("DAYZERO_MOE_PATH") != "a":
+    if _uses_expert_workspace(model):
         from dayzero.kernels.fp8_workspace import planned_workspace_bytes
 
         workspace = planned_workspace_bytes(device)

@@ -34,6 +34,7 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
               max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
               max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
               kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
+              fp8_workspace_gib=args.fp8_workspace_gib,
               seed=args.seed, progress=True)
     pool = llm.scheduler.kv.pool
     print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} tokens, "

@@ -71,12 +71,21 @@ def test_bytes_per_param():
 
 def test_expert_workspace_policy():
     spec = load_spec(config("gpt-oss-120b"))
-    one = expert_params(spec.experts) * bytes_per_param("fp8")
+    one = 3 * 2880 * 2880 + 4 * (2 * 2880 * 23 + 2880 * 23)  # 2880 = 22.5 x 128: 23 scales per row
     assert expert_workspace_bytes(spec, 1, WorkspacePolicy(max_tokens_per_step=1)) == pytest.approx(4 * one)
     assert expert_workspace_bytes(spec, 1) == pytest.approx(128 * one)  # 4 x 8192 > 128 experts
     assert expert_workspace_bytes(spec, 8) == pytest.approx(16 * one)  # local experts only
     assert expert_workspace_bytes(spec, 1, WorkspacePolicy(max_tokens_per_step=4, buffers=2)) == pytest.approx(32 * one)
     assert expert_workspace_bytes(load_spec(config("deepseek-v3")), 1) == 0  # FP8 experts need no conversion
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v4-flash"])
+def test_planned_workspace_holds_every_expert_in_the_kernels_slot_layout(name):
+    from dayzero.kernels.fp8_workspace import expert_slot_bytes
+
+    spec = load_spec(config(name))
+    e = spec.experts
+    assert expert_workspace_bytes(spec, 1) // expert_slot_bytes(e.intermediate_size, spec.hidden_size) == e.num
 
 
 def test_gpt_oss_120b_fits_one_h200():
