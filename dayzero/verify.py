@@ -70,18 +70,76 @@ def load_dayzero(path: str | Path, dtype: torch.dtype, device: str):
 REFERENCE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
-def load_reference(path: str | Path, dtype: torch.dtype, device: str):
+def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize: bool | None = None):
+    """transformers' model of the checkpoint. FP8 block-quantized checkpoints in the Hugging Face
+    layout (DeepSeek-V3 / V3.2 / Kimi-K2) are handed to transformers as weights dequantized by dayzero.formats.fp8 (tested
+    against torch's float8 dtypes) when `dequantize` is True, or by default when transformers' own
+    loader cannot be trusted with them: on a GPU it needs the `kernels` package from the Hub, and on
+    CPU it derives the block size from the scale grid, which is wrong for any dim that is not a
+    multiple of the block (a real kv_a_proj_with_mqa has 576 rows)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = json.loads((Path(path) / "config.json").read_text())
-    alias = REFERENCE_ALIASES.get(config.get("model_type"))
-    if alias is None:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    else:
-        config.pop("auto_map", None)
-        reference_config = AutoConfig.for_model(alias, **{k: v for k, v in config.items() if k != "model_type"})
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("auto_map", None)
+    model_type = REFERENCE_ALIASES.get(config.get("model_type"), config.get("model_type"))
+    quant = config.get("quantization_config") or {}
+    fp8 = quant.get("quant_method") == "fp8" and _has_scale_inv(path)
+    if dequantize is None:
+        dequantize = fp8 and (torch.device(device).type != "cpu" or not _fp8_blocks_divide(path, quant))
+    if dequantize and not fp8:
+        raise ValueError(f"{path}: dequantize=True needs an FP8 block-quantized checkpoint "
+                         f"(quant_method 'fp8', weights with weight_scale_inv)")
+    if dequantize:
+        config.pop("quantization_config")
+    reference_config = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+    if dequantize:
+        cls = AutoModelForCausalLM._model_mapping[type(reference_config)]
+        model = cls.from_pretrained(None, config=reference_config, state_dict=_dequantized_state_dict(path, quant, dtype),
+                                    dtype=dtype)
+    elif model_type != config.get("model_type"):
         model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     return model.to(device).eval()
+
+
+def _has_scale_inv(path: Path) -> bool:
+    """The Hugging Face FP8 layout (DeepSeek-V3 / V3.2 / Kimi-K2): scales named weight_scale_inv.
+    DeepSeek-V4's original layout (`.scale`) goes through transformers' own conversion."""
+    from dayzero.weights import Checkpoint
+
+    return any(name.endswith("weight_scale_inv") for name in Checkpoint.open(path).tensors)
+
+
+def _fp8_blocks_divide(path: Path, quant: dict) -> bool:
+    """Every FP8 weight's dims are multiples of the checkpoint's weight_block_size."""
+    from dayzero.weights import Checkpoint
+
+    block = quant.get("weight_block_size") or (128, 128)
+    return all(info.torch_shape[-2] % block[0] == 0 and info.torch_shape[-1] % block[1] == 0
+               for info in Checkpoint.open(path).tensors.values() if info.dtype == "F8_E4M3")
+
+
+def _dequantized_state_dict(path: Path, quant: dict, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every checkpoint tensor in `dtype`, FP8 weights times their weight_scale_inv blocks."""
+    from dayzero.formats.fp8 import dequantize_weight_blocks
+    from dayzero.weights import iter_tensors
+
+    block = tuple(quant.get("weight_block_size") or (128, 128))
+    raw = dict(iter_tensors(path, progress=False))
+    out = {}
+    for name, t in raw.items():
+        if name.endswith("weight_scale_inv"):
+            continue
+        if t.dtype == torch.float8_e4m3fn:
+            scale = raw.get(name + "_scale_inv")
+            if scale is None:
+                raise ValueError(f"{path}: FP8 tensor {name} has no {name}_scale_inv")
+            out[name] = dequantize_weight_blocks(t, scale, block, dtype)
+        else:
+            out[name] = t.to(dtype) if t.is_floating_point() else t
+    return out
 
 
 @torch.no_grad()
