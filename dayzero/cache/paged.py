@@ -16,19 +16,20 @@ Layout
   64: 596 bytes per token instead of 1152 in bf16); entries are quantized as they are written and
   read back in the model's dtype, so attention sees the FP8-rounded keys, its own included.
 - States live in `num_state_slots` request slots followed by `num_snapshots` snapshot slots:
-  `state(layer, name)` is [num_state_slots + num_snapshots, *shape].
+  `states[layer, name]` is [num_state_slots + num_snapshots, *shape].
 
-A step (`StepContext`, built by the runner) carries per group the slots the new entries go to and
-the slots each row reads, right-aligned and padded on the left with the row's first entry (so the
+A step (`StepContext`, built by the runner) carries per cache group and entry rate the slots the new
+entries go to and the slots each row reads, right-aligned and padded on the left with the row's first entry (so the
 padding holds finite values; attention masks it with `kv_lens`), plus each row's state slot. Models
 see only `cache.layers[i]`, a `PagedLayerView`: `append(name, new)` writes and gathers,
-`lens(name)` gives the rows' lengths, `view[name]` / `view[name] = x` read and write states.
+`select(name, indices)` reads chosen entries only, `lens(name)` gives the rows' lengths, and
+`view[name]` / `view[name] = x` read and write states.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -102,7 +103,7 @@ class CacheLayout:
             return self
         return CacheLayout([replace(s, fp8=s.dtype.is_floating_point) for s in self.streams], self.states)
 
-    @property
+    @cached_property
     def windows(self) -> tuple[int | None, ...]:
         """The cache groups, full attention first."""
         ws = {s.window for s in self.streams}
@@ -110,6 +111,17 @@ class CacheLayout:
 
     def group_of(self, stream: StreamSpec) -> int:
         return self.windows.index(stream.window)
+
+    def stream_kinds(self, block_size: int) -> list[tuple[int, int, int]]:
+        """(group, rate, entries per block) of every kind of stream, each once (a step's index sets)."""
+        if block_size not in self._kinds:
+            self._kinds[block_size] = sorted({(self.group_of(s), s.rate, s.entries_per_block(block_size))
+                                              for s in self.streams})
+        return self._kinds[block_size]
+
+    @cached_property
+    def _kinds(self) -> dict[int, list[tuple[int, int, int]]]:
+        return {}
 
     def page_bytes(self, block_size: int) -> list[int]:
         """Bytes of one block of each group: its streams' entries, each stream aligned."""
@@ -248,13 +260,12 @@ def build_step(tables: list[list[list[int | None]]], starts: list[int], num_new:
     """The StepContext of B rows that each compute num_new tokens from position starts[b], with
     block tables tables[b][group] (None entries: reclaimed blocks, never read). Index arithmetic
     runs on CPU tensors; the results move to `device` once."""
-    kinds = sorted({(layout.group_of(s), s.rate, s.entries_per_block(block_size)) for s in layout.streams})
     start = torch.tensor(starts, dtype=torch.long)
     end = start + num_new
     rows = torch.arange(len(tables))[:, None]
     block_tables = {}
     streams = {}
-    for g, rate, per_block in kinds:
+    for g, rate, per_block in layout.stream_kinds(block_size):
         if g not in block_tables:
             width = max(len(t[g]) for t in tables)
             block_tables[g] = torch.tensor([[-1 if b is None else b for b in t[g]] + [-1] * (width - len(t[g]))
