@@ -22,7 +22,7 @@ from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.paged import PagedKVStorage, probe_layout
 from dayzero.cache.snapshots import SnapshotCache
-from dayzero.engine.runner import ContiguousRunner, PagedRunner
+from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
 from dayzero.engine.scheduler import Scheduler
 from dayzero.models import CausalLM
@@ -62,48 +62,36 @@ class Engine:
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
                  kv_cache_dtype: str = "auto", seed: int = 0):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
-        else room for max_num_seqs requests of max_model_len. Models with paged caches
-        (`model.paged_cache`) keep their KV in the pool (PagedRunner) with prefix caching
-        (enable_prefix_caching) and, if they carry recurrent state, num_state_snapshots saved states
-        (default max_num_seqs) from the same budget; the others run on the ContiguousRunner.
-        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (paged models only)."""
+        else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
+        (PagedRunner) with prefix caching (enable_prefix_caching) and, for models with recurrent
+        state, num_state_snapshots saved states (default max_num_seqs) from the same budget.
+        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3"."""
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = model.spec.vocab_size
         self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
         blocks_per_seq = -(-self.max_model_len // block_size)
-        if model.paged_cache:
-            layout = probe_layout(model).with_kv_cache_dtype(kv_cache_dtype)
-            stateful = bool(layout.states)
-            if num_state_snapshots is None:
-                num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0
-            page_bytes = layout.page_bytes(block_size)
-            # a window group's pool: its last window - 1 tokens per running request plus a step's new tokens
-            blocks = [None if w is None else window_pool_blocks(w, block_size, max_num_seqs, max_num_batched_tokens)
-                      for w in layout.windows]
-            if num_kv_blocks is None and kv_cache_bytes is not None:
-                fixed = sum(n * p for n, p in zip(blocks, page_bytes) if n is not None)
-                num_kv_blocks = _blocks_in_budget(kv_cache_bytes - fixed, page_bytes[0], block_size,
-                                                  layout.state_bytes, max_num_seqs + num_state_snapshots)
-            if num_kv_blocks is None:
-                num_kv_blocks = max_num_seqs * blocks_per_seq
-            blocks = [num_kv_blocks if n is None else n for n in blocks]
-            if layout.windows[0] is not None:  # no full-attention group: the first window pool bounds nothing
-                blocks[0] = max(blocks[0], num_kv_blocks)
-            snapshots = SnapshotCache(num_state_snapshots) if stateful and enable_prefix_caching else None
-            kv = KVCacheManager([BlockPool(n) for n in blocks], block_size, enable_prefix_caching, layout.windows, snapshots)
-            storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
-            self.runner: PagedRunner | ContiguousRunner = PagedRunner(model, kv, storage, snapshots)
-        else:
-            if kv_cache_dtype != "auto":
-                raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} needs a paged model; {type(model).__name__} "
-                                 f"runs on the contiguous runner, which keeps the model's dtype (use 'auto')")
-            if num_kv_blocks is None and kv_cache_bytes is not None:
-                num_kv_blocks = kv_blocks_for_budget(model, kv_cache_bytes, block_size, max_num_seqs)
-            if num_kv_blocks is None:
-                num_kv_blocks = max_num_seqs * blocks_per_seq
-            kv = KVCacheManager(BlockPool(num_kv_blocks), block_size, enable_prefix_caching=False)
-            self.runner = ContiguousRunner(model)
+        layout = probe_layout(model).with_kv_cache_dtype(kv_cache_dtype)
+        stateful = bool(layout.states)
+        if num_state_snapshots is None:
+            num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0
+        page_bytes = layout.page_bytes(block_size)
+        # a window group's pool: its last window - 1 tokens per running request plus a step's new tokens
+        blocks = [None if w is None else window_pool_blocks(w, block_size, max_num_seqs, max_num_batched_tokens)
+                  for w in layout.windows]
+        if num_kv_blocks is None and kv_cache_bytes is not None:
+            fixed = sum(n * p for n, p in zip(blocks, page_bytes) if n is not None)
+            num_kv_blocks = _blocks_in_budget(kv_cache_bytes - fixed, page_bytes[0], block_size,
+                                              layout.state_bytes, max_num_seqs + num_state_snapshots)
+        if num_kv_blocks is None:
+            num_kv_blocks = max_num_seqs * blocks_per_seq
+        blocks = [num_kv_blocks if n is None else n for n in blocks]
+        if layout.windows[0] is not None:  # no full-attention group: the first window pool bounds nothing
+            blocks[0] = max(blocks[0], num_kv_blocks)
+        snapshots = SnapshotCache(num_state_snapshots) if stateful and enable_prefix_caching else None
+        kv = KVCacheManager([BlockPool(n) for n in blocks], block_size, enable_prefix_caching, layout.windows, snapshots)
+        storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
+        self.runner = PagedRunner(model, kv, storage, snapshots)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
@@ -210,25 +198,6 @@ class Engine:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
-
-
-def kv_blocks_for_budget(model: CausalLM, kv_cache_bytes: float, block_size: int, max_num_seqs: int) -> int:
-    """Blocks of `block_size` tokens that `kv_cache_bytes` holds for this model, after the fixed
-    per-request state (KDA, compressor windows) of `max_num_seqs` requests; per-token bytes from the
-    memory plan (dayzero/plan.py), scaled from bf16 to the model's dtype."""
-    from dayzero.plan import cache_totals
-
-    per_token, fixed = cache_totals(model.spec, "bf16")
-    scale = torch.tensor([], dtype=model.dtype).element_size() / 2
-    per_token, fixed = per_token * scale, fixed * scale
-    usable = kv_cache_bytes - fixed * max_num_seqs
-    blocks = int(usable // (per_token * block_size)) if per_token > 0 else max_num_seqs
-    if blocks < 1:
-        raise ValueError(
-            f"a KV cache budget of {kv_cache_bytes / 2**30:.3f} GiB holds no block of {block_size} tokens "
-            f"({per_token:.0f} B per token, {fixed / 2**20:.1f} MiB fixed state per request x {max_num_seqs} "
-            f"requests); raise --mem-fraction / --kv-cache-gib or lower --max-running-requests")
-    return blocks
 
 
 def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:

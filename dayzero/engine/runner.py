@@ -1,7 +1,7 @@
-"""The model runners: execute one scheduled step on the model.
+"""The model runner: executes one scheduled step on the model.
 
-`PagedRunner` (every model whose caches are streams and states, dayzero.cache.paged): KV entries
-live in the block pool's pages and each step is at most a few forwards:
+`PagedRunner`: the models' caches (streams and states, dayzero.cache.paged) live in the block pool's
+pages and each step is at most a few forwards:
 - the **prefill path**: each request that computes several tokens (or its first) runs alone, [1, T],
   reading its whole cache through its block tables;
 - the **decode path**: every request that computes one token after cached ones runs in one forward
@@ -12,11 +12,8 @@ is split there) under that prefix's block hash, and a request admitted with a ca
 from the saved state (dayzero.cache.snapshots).
 
 Rows that append a compressed entry (DeepSeek-V4, one per ratio tokens) decode in a forward apart
-from rows that do not: at most 2 per compression ratio, whatever the batch.
-
-`ContiguousRunner` keeps one contiguous reference `KVCache` per request and runs each request as a
-forward of batch 1, without prefix caching; it is the reference the paged runner is tested against
-and serves any model with `paged_cache = False`.
+from rows that do not: one forward per combination of the ratios a row completes (at most 4 for
+DeepSeek-V4's CSA and HCA), whatever the batch.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from dayzero.cache import KVCacheManager
 from dayzero.cache.paged import PagedKVStorage, PagedStepCache, build_step
 from dayzero.cache.snapshots import SnapshotCache
 from dayzero.engine.scheduler import ScheduledRequest, SchedulerOutput
-from dayzero.models import CausalLM, KVCache
+from dayzero.models import CausalLM
 
 
 class PagedRunner:
@@ -136,38 +133,3 @@ class PagedRunner:
             raise RuntimeError(f"request {s.request.request_id!r} resumes at token {s.num_computed_tokens} but no "
                                f"state snapshot exists there; the KV manager must only match snapshotted prefixes")
         self.storage.copy_state(self.storage.num_state_slots + slot, self.slots[s.request.request_id])
-
-
-class ContiguousRunner:
-    def __init__(self, model: CausalLM):
-        self.model = model
-        self.device = model.device_
-        self.caches: dict[str, KVCache] = {}
-
-    @torch.no_grad()
-    def execute(self, output: SchedulerOutput) -> dict[str, torch.Tensor]:
-        """As PagedRunner.execute, one contiguous cache and one forward per request."""
-        for rid in output.preempted:
-            self.caches.pop(rid, None)
-        logits: dict[str, torch.Tensor] = {}
-        for s in output.scheduled:
-            req = s.request
-            cache = self.caches.setdefault(req.request_id, self.model.new_cache(1))
-            if cache.length != s.num_computed_tokens:
-                raise RuntimeError(
-                    f"request {req.request_id!r}: the scheduler resumes at token {s.num_computed_tokens} but its "
-                    f"cache holds {cache.length}; this runner needs prefix caching off")
-            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            ids = torch.tensor([req.token_ids(start, end)], dtype=torch.long, device=self.device)
-            positions = torch.arange(start, end, device=self.device)[None]
-            out = self.model(ids, positions, cache)
-            if s.samples:
-                logits[req.request_id] = out[0, -1]
-        return logits
-
-    @property
-    def num_requests(self) -> int:
-        return len(self.caches)
-
-    def free(self, request_id: str) -> None:
-        self.caches.pop(request_id, None)

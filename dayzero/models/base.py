@@ -131,9 +131,6 @@ class CausalLM(nn.Module):
     model_types: ClassVar[tuple[str, ...]] = ()
     # Checkpoint tensors the model does not use and the loader skips (regexes, re.search), e.g. MTP layers.
     ignore_unexpected: ClassVar[tuple[str, ...]] = ()
-    # The layers cache only through cache_append streams and per-request states (dayzero.cache.paged),
-    # so the engine can keep them in the block pool; False: the engine's contiguous runner.
-    paged_cache: ClassVar[bool] = True
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
