@@ -25,6 +25,12 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   k-slot reduction (moe_dispatch.combine).
 - The layer is four launches, with no host synchronisation: `prep` (the dispatch of up to 512 pairs
   in one program, without atomics, and the quantization of x in the others), the two GEMMs, combine.
+- Split-K (DecodeConfig.split_k1/2; for one token where DAYZERO_MOE_DECODE_SPLITK=1): where a GEMM
+  has too few programs to keep the SMs busy, K is cut into chunks of whole tiles, one program each,
+  which write float32 partial sums [chunks, max_rows, width]. For gate/up a fifth launch
+  (activate_partials) adds the chunks, biases and activation and quantizes h; for down,
+  combine_partials adds chunks and k slots in place of combine. No atomics: every sum runs in a fixed
+  order, so results are deterministic (they differ from the unsplit kernels by float32 rounding).
 
 Where this stands on the H200 (docs/kernels.md has the numbers): 1.8-2.9x faster than the tensor-core
 kernel at 1-32 tokens, 30-67% of copy bandwidth on the MXFP4 bytes; one token is latency-bound (few
@@ -43,6 +49,7 @@ tensor ops; everything else is the compiled code.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +63,8 @@ from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, _activate, 
 class DecodeConfig:
     """block_m: padded rows per dispatch block (1, 2 or 4). Per GEMM (1: gate/up, 2: down): block_n,
     outputs per program (gate/up: intermediate columns, a multiple of 32); block_k, K per loop step (a
-    power of two >= 32, capped at K); num_warps."""
+    power of two >= 32, capped at K); num_warps; split_k, K chunks per output tile, one program each
+    (1: none; see decode_gemm)."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -64,6 +72,8 @@ class DecodeConfig:
     block_k2: int = 256
     num_warps1: int = 4
     num_warps2: int = 4
+    split_k1: int = 1
+    split_k2: int = 1
 
 
 # Four E2M1 codes (the low 16 bits of m, sign bits cleared) -> four signed bytes 2 * value: a byte
@@ -273,19 +283,20 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
 
 
 @triton.jit
-def _tile_start(k0, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Where the K tile of step k0 is read from: k0, or K - BLOCK_K for a last partial tile (and for the
-    prefetches past the end), so that every load is in bounds and unmasked; the blocks read twice get
-    activation factor 0 (_load_row). Needs K >= BLOCK_K."""
-    return tl.minimum(k0, K - BLOCK_K)
+def _tile_start(k0, kend, BLOCK_K: tl.constexpr):
+    """Where the K tile of step k0 is read from: k0, or kend - BLOCK_K for a last partial tile (and for
+    the prefetches past the end), so that every load is in bounds and unmasked; the blocks read twice
+    get activation factor 0 (_load_row). kend: K, or the end of a split-K program's K chunk (a chunk
+    that ends before K is a whole number of tiles). Needs K >= BLOCK_K."""
+    return tl.minimum(k0, kend - BLOCK_K)
 
 
 @triton.jit
-def _load_words(w_base, s_base, n0, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """int32 words [BLOCK_N, BLOCK_K/32, 4] and E8M0 bytes [BLOCK_N, BLOCK_K/32] of rows n0.. for the
     K tile of step k0 (see _tile_start)."""
     KB: tl.constexpr = BLOCK_K // 32
-    start = _tile_start(k0, K, BLOCK_K)
+    start = _tile_start(k0, kend, BLOCK_K)
     word = start // 8 + tl.arange(0, BLOCK_K // 8)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     words = tl.load(w_base + offs_n[:, None] * (K // 8) + word[None, :])  # 2-d: a warp reads whole rows
@@ -299,13 +310,13 @@ def _load_words(w_base, s_base, n0, k0, K: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _load_row(xq_ptr, xs_ptr, a_row, k0, valid, K: tl.constexpr, BLOCK_K: tl.constexpr):
+def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """The four byte planes [1, BLOCK_K/32, 4] and the block factors [BLOCK_K/32] of activation row
     a_row for the K tile of step k0 (see _tile_start): factor 0 for blocks before k0 (read twice) and
     where not valid. The planes are loaded 2-d with the contiguity of the weight words, so that they
     land in the words' register layout and broadcast over N for free."""
     KB: tl.constexpr = BLOCK_K // 32
-    start = _tile_start(k0, K, BLOCK_K)
+    start = _tile_start(k0, kend, BLOCK_K)
     word = start // 8 + tl.arange(0, BLOCK_K // 8)
     ptrs = xq_ptr + a_row.to(tl.int64) * (K // 2) + word[None, :]
     h0 = tl.reshape(tl.load(ptrs, mask=valid, other=0), [1, KB, 4])
@@ -378,37 +389,67 @@ def _accumulate(words, scale, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrow
 
 
 @triton.jit
-def _row_out(acc, acc_up, r, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0, alpha,
-             limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-             ROUTER_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_N: tl.constexpr):
-    """Epilogue of padded row mb*BLOCK_M + r: biases, activation (quantized h out) or router weight (bf16 y out)."""
+def _row_out(acc, acc_up, r, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr,
+             offs_n, n0, alpha, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+             ROUTER_WEIGHT: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+             OUT_N: tl.constexpr):
+    """Epilogue of padded row mb*BLOCK_M + r: biases, activation (quantized h out) or router weight (bf16 y
+    out). PARTIAL (split-K, K chunk ks): float32 sums into slice ks of the partial buffer, gate then up
+    as they are (bias and activation follow in _activate_partials_kernel), or y times the router weight
+    with the bias in chunk 0 only."""
     row = (mb * BLOCK_M + r).to(tl.int64)
     v = tl.sum(acc, axis=1)
-    if HAS_BIAS:
-        v += tl.load(b_base + offs_n).to(tl.float32)
     if ACTIVATION != 0:
         up = tl.sum(acc_up, axis=1)
-        if HAS_BIAS:
-            up += tl.load(b_base + OUT_N + offs_n).to(tl.float32)
-        v = _activate(v, up, alpha, limit, ACTIVATION, HAS_LIMIT)
-        _quantize_store(v, out_ptr + row * (OUT_N // 2), out_s_ptr + row * (OUT_N // 32), n0, OUT_N, BLOCK_N)
+        if PARTIAL:
+            dst = out_ptr + ks.to(tl.int64) * stride_part + row * (2 * OUT_N) + offs_n
+            tl.store(dst, v)
+            tl.store(dst + OUT_N, up)
+        else:
+            if HAS_BIAS:
+                v += tl.load(b_base + offs_n).to(tl.float32)
+                up += tl.load(b_base + OUT_N + offs_n).to(tl.float32)
+            v = _activate(v, up, alpha, limit, ACTIVATION, HAS_LIMIT)
+            _quantize_store(v, out_ptr + row * (OUT_N // 2), out_s_ptr + row * (OUT_N // 32), n0, OUT_N, BLOCK_N)
     else:
+        if HAS_BIAS:
+            bias = tl.load(b_base + offs_n).to(tl.float32)
+            if PARTIAL:
+                bias = tl.where(ks == 0, bias, 0.0)
+            v += bias
         if ROUTER_WEIGHT:
             pair = tl.load(row_pair_ptr + mb * BLOCK_M + r)
             v = v * tl.load(router_weight_ptr + pair).to(tl.float32)
-        tl.store(out_ptr + row * OUT_N + offs_n, v.to(out_ptr.dtype.element_ty))
+        if PARTIAL:
+            tl.store(out_ptr + ks.to(tl.int64) * stride_part + row * OUT_N + offs_n, v)
+        else:
+            tl.store(out_ptr + row * OUT_N + offs_n, v.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit(do_not_specialize=["S", "E", "stride_be"])
+@triton.jit(do_not_specialize=["S", "E", "stride_be", "stride_part"])
 def _moe_decode_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
-    S, E, stride_be, alpha, limit,
+    S, E, stride_be, stride_part, alpha, limit,
     K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_ASM: tl.constexpr,
+    K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_ASM: tl.constexpr,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
-    rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I)."""
+    rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
+    K_CHUNK > 0 (split-K): K values K_CHUNK * program_id(2) .. + K_CHUNK only (a multiple of BLOCK_K),
+    partial sums out (see _row_out); stride_part: elements per K chunk's slice of the partial buffer."""
+    PARTIAL: tl.constexpr = K_CHUNK > 0
+    if PARTIAL:  # steps past K in the last chunk read its last tile again, with activation factor 0
+        ks = tl.program_id(2)
+        kbeg = ks * K_CHUNK
+        kend = tl.minimum(kbeg + K_CHUNK, K)
+        span: tl.constexpr = K_CHUNK
+    else:
+        ks: tl.constexpr = 0
+        kbeg: tl.constexpr = 0
+        kend: tl.constexpr = K
+        span: tl.constexpr = K
     mb = tl.program_id(0)
     expert = tl.load(block_expert_ptr + mb)
     if expert >= E:
@@ -448,55 +489,65 @@ def _moe_decode_kernel(
     up2 = tl.zeros([BLOCK_N, KB], tl.float32)
     up3 = tl.zeros([BLOCK_N, KB], tl.float32)
     # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
-    g0w, g0s = _load_words(w_base, s_base, n0, 0, K, BLOCK_N, BLOCK_K)
-    g1w, g1s = _load_words(w_base, s_base, n0, BLOCK_K, K, BLOCK_N, BLOCK_K)
+    g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
+    g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
     if GATED:
-        u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, 0, K, BLOCK_N, BLOCK_K)
-        u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, BLOCK_K, K, BLOCK_N, BLOCK_K)
-    for k0 in range(0, K, BLOCK_K):
-        x0 = _load_row(xq_ptr, xs_ptr, a0, k0, True, K, BLOCK_K)
+        u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K)
+        u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+    for step in range(0, span, BLOCK_K):
+        k0 = kbeg + step
+        x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
         x1, x2, x3 = x0, x0, x0  # the rows past BLOCK_M are never read
         if BLOCK_M > 1:
-            x1 = _load_row(xq_ptr, xs_ptr, a1, k0, nrows > 1, K, BLOCK_K)
+            x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
         if BLOCK_M > 2:
-            x2 = _load_row(xq_ptr, xs_ptr, a2, k0, nrows > 2, K, BLOCK_K)
-            x3 = _load_row(xq_ptr, xs_ptr, a3, k0, nrows > 3, K, BLOCK_K)
+            x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
+            x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
         gw, gs = g0w, g0s
         g0w, g0s = g1w, g1s
-        g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, K, BLOCK_N, BLOCK_K)
+        g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
         acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
                                              USE_ASM)
         if GATED:
             uw, us = u0w, u0s
             u0w, u0s = u1w, u1s
-            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, K, BLOCK_N, BLOCK_K)
+            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
             up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
                                              USE_ASM)
 
     b_base = bias_ptr + expert.to(tl.int64) * stride_be
-    _row_out(acc0, up0, 0, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0, alpha,
-             limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+    _row_out(acc0, up0, 0, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
+             out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
+             BLOCK_M, BLOCK_N, OUT_N)
     if BLOCK_M > 1:
         if nrows > 1:
-            _row_out(acc1, up1, 1, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0,
-                     alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+            _row_out(acc1, up1, 1, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
+                     out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
+                     BLOCK_M, BLOCK_N, OUT_N)
     if BLOCK_M > 2:
         if nrows > 2:
-            _row_out(acc2, up2, 2, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0,
-                     alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+            _row_out(acc2, up2, 2, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
+                     out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
+                     BLOCK_M, BLOCK_N, OUT_N)
         if nrows > 3:
-            _row_out(acc3, up3, 3, mb, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr, offs_n, n0,
-                     alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_M, BLOCK_N, OUT_N)
+            _row_out(acc3, up3, 3, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
+                     out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
+                     BLOCK_M, BLOCK_N, OUT_N)
 
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
-                num_warps: int = 4):
+                num_warps: int = 4, split_k: int = 1):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
     intermediate (hq int32 [max_rows, 4, out/8], hs float32 [max_rows, out/32]); else bf16 [max_rows,
-    out_features] times the router weights. Rows that are padding are left unwritten."""
+    out_features] times the router weights. Rows that are padding are left unwritten.
+
+    split_k > 1: K is cut into at most split_k chunks of whole BLOCK_K tiles, one program each, and the
+    result is float32 partial sums [chunks, max_rows, width]: with an activation width 2 * out_features
+    (gate sums then up sums, no bias or activation: activate_partials finishes them), else out_features
+    (times the router weight, the bias counted in chunk 0: combine_partials sums them)."""
     E, NW, words = w.shape
     K = words * 8
     if d.block_m not in (1, 2, 4):
@@ -506,33 +557,115 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
                          f"with an activation), block_k {block_k} a multiple of 32")
     block_k = min(block_k, 1 << (K.bit_length() - 1))  # a tile never exceeds K (see _tile_start)
     dev = xq.device
-    if activation:
+    chunks, k_chunk = 1, 0
+    if split_k > 1:
+        tiles = triton.cdiv(K, block_k)
+        k_chunk = triton.cdiv(tiles, split_k) * block_k
+        chunks = triton.cdiv(K, k_chunk)  # no chunk left empty
+        width = 2 * out_features if activation else out_features
+        out = torch.empty(chunks, d.max_rows, width, dtype=torch.float32, device=dev)
+        out_s = None
+    elif activation:
         out = torch.empty(d.max_rows, 4, out_features // 8, dtype=torch.int32, device=dev)
         out_s = torch.empty(d.max_rows, out_features // 32, dtype=torch.float32, device=dev)
     else:
         out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=dev)
         out_s = None
+    plain = split_k <= 1 and activation
     if d.max_rows == 0:
-        return (out, out_s) if activation else out
+        return (out, out_s) if plain else out
     dummy = d.pair_row
     S = d.pair_row.shape[0]
-    grid = (d.max_blocks, out_features // block_n)
+    grid = (d.max_blocks, out_features // block_n, chunks)
     _moe_decode_kernel[grid](
         xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy,
         d.row_pair, d.block_expert, router_weights if router_weights is not None else dummy,
-        S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
+        S, E, bias.stride(0) if bias is not None else 0, out[0].numel() if k_chunk else 0, float(alpha),
+        float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
-        BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
+        K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
         num_warps=num_warps, num_stages=1,
     )
-    return (out, out_s) if activation else out
+    return (out, out_s) if plain else out
+
+
+@triton.jit(do_not_specialize=["S", "stride_be", "stride_part"])
+def _activate_partials_kernel(part_ptr, bias_ptr, hq_ptr, hs_ptr, row_pair_ptr, block_expert_ptr, S, stride_be,
+                              stride_part, alpha, limit, N: tl.constexpr, CHUNKS: tl.constexpr,
+                              ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns n0..n0+BLOCK of padded row program_id(0): the K chunks' gate and up sums added in chunk
+    order, biases, activation, quantized into the hq/hs layout."""
+    row = tl.program_id(0)
+    if tl.load(row_pair_ptr + row) >= S:  # padding
+        return
+    n0 = tl.program_id(1) * BLOCK
+    offs = n0 + tl.arange(0, BLOCK)
+    mask = offs < N
+    src = part_ptr + row.to(tl.int64) * (2 * N) + offs
+    gate = tl.zeros([BLOCK], tl.float32)
+    up = tl.zeros([BLOCK], tl.float32)
+    for ks in tl.static_range(CHUNKS):
+        gate += tl.load(src + ks * stride_part, mask=mask, other=0.0)
+        up += tl.load(src + ks * stride_part + N, mask=mask, other=0.0)
+    if HAS_BIAS:
+        b_base = bias_ptr + tl.load(block_expert_ptr + row // BLOCK_M).to(tl.int64) * stride_be
+        gate += tl.load(b_base + offs, mask=mask, other=0.0).to(tl.float32)
+        up += tl.load(b_base + N + offs, mask=mask, other=0.0).to(tl.float32)
+    v = _activate(gate, up, alpha, limit, ACTIVATION, HAS_LIMIT)
+    _quantize_store(v, hq_ptr + row.to(tl.int64) * (N // 2), hs_ptr + row.to(tl.int64) * (N // 32), n0, N, BLOCK)
+
+
+def activate_partials(part, bias, d, *, activation: int, alpha: float = 1.0, limit: float | None = None):
+    """decode_gemm's split-K gate/up sums [chunks, max_rows, 2I] -> (hq, hs) as the unsplit GEMM
+    returns them: bias [E, 2I] (or None) and activation applied, padding rows left unwritten."""
+    chunks, rows, width = part.shape
+    inter = width // 2
+    hq = torch.empty(rows, 4, inter // 8, dtype=torch.int32, device=part.device)
+    hs = torch.empty(rows, inter // 32, dtype=torch.float32, device=part.device)
+    if rows:
+        block = min(1024, triton.next_power_of_2(inter))
+        _activate_partials_kernel[(rows, triton.cdiv(inter, block))](
+            part, bias if bias is not None else part, hq, hs, d.row_pair, d.block_expert, d.pair_row.shape[0],
+            bias.stride(0) if bias is not None else 0, part[0].numel(), float(alpha),
+            float(limit) if limit is not None else 0.0, N=inter, CHUNKS=chunks, ACTIVATION=activation,
+            HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, BLOCK_M=d.block_m, BLOCK=block)
+    return hq, hs
+
+
+@triton.jit(do_not_specialize=["stride_part"])
+def _combine_partials_kernel(part_ptr, pair_row_ptr, out_ptr, stride_part, H: tl.constexpr, TOP_K: tl.constexpr,
+                             CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for j in tl.static_range(TOP_K):
+        row = tl.load(pair_row_ptr + t * TOP_K + j)
+        src = part_ptr + row.to(tl.int64) * H + h
+        for ks in tl.static_range(CHUNKS):
+            acc += tl.load(src + ks * stride_part, mask=(h < H) & (row >= 0), other=0.0)
+    tl.store(out_ptr + t.to(tl.int64) * H + h, acc.to(out_ptr.dtype.element_ty), mask=h < H)
+
+
+def combine_partials(part, d, num_tokens: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """moe_dispatch.combine over decode_gemm's split-K down sums [chunks, max_rows, H]: out[t] = the sum
+    over slots j, then chunks, of part[chunk, pair_row[t*k + j]], in that fixed order (deterministic)."""
+    chunks, _, H = part.shape
+    out = torch.empty(num_tokens, H, dtype=out_dtype, device=part.device)
+    if num_tokens:
+        block_h = min(1024, triton.next_power_of_2(H))
+        _combine_partials_kernel[(num_tokens, triton.cdiv(H, block_h))](
+            part, d.pair_row, out, part[0].numel(), H=H, TOP_K=d.top_k, CHUNKS=chunks, BLOCK_H=block_h)
+    return out
 
 
 def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
                      config: DecodeConfig) -> torch.Tensor:
     """dispatch + quantize x -> gate/up GEMM (bias, activation, quantized h) -> down GEMM (bias, router
-    weight) -> combine. Arguments checked by moe_experts_mxfp4; w13/w2 int32 words."""
+    weight) -> combine. Arguments checked by moe_experts_mxfp4; w13/w2 int32 words. With config.split_k1
+    the gate/up GEMM leaves partial sums and activate_partials (one more launch) finishes h; with
+    split_k2 combine_partials sums the down GEMM's chunks with the k slots (in place of combine)."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
     T, H = x.shape
@@ -544,13 +677,28 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         xq, xs = quantize_rows(x)
     act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
     alpha = activation.alpha if activation.alpha is not None else 1.0
-    hq, hs = decode_gemm(xq, xs, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
-                         limit=activation.limit, block_n=config.block_n1, block_k=config.block_k1,
-                         num_warps=config.num_warps1)
+    tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1)
+    if config.split_k1 > 1:
+        part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
+                           split_k=config.split_k1, **tiles1)
+        hq, hs = activate_partials(part, b13, d, activation=act, alpha=alpha, limit=activation.limit)
+    else:
+        hq, hs = decode_gemm(xq, xs, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
+                             limit=activation.limit, **tiles1)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
-                    block_k=config.block_k2, num_warps=config.num_warps2)
+                    block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2)
+    if config.split_k2 > 1:
+        return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)
+
+
+SPLITK_ENV = "DAYZERO_MOE_DECODE_SPLITK"  # "1": split K of the gate/up GEMM where it has few programs
+SPLITK_GATE_UP = 4  # K chunks of the gate/up GEMM when split
+
+
+def splitk_enabled() -> bool:
+    return os.environ.get(SPLITK_ENV, "0") == "1"
 
 
 DECODE_MAX_ROWS_PER_EXPERT = 3.5  # expected pairs per active expert up to which the decode kernels run
@@ -571,7 +719,8 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
     Measured on the H200 (bench/moe_decode.py; docs/kernels.md): BLOCK_M 1 while experts see about one
     row, else 2 (4 past 2.5 rows); few programs (1 token) want wide tiles of 8 warps (gate/up) and
     narrow ones with K split over 8 warps (down); many programs 32 x 256 tiles of 4 warps (gate/up)
-    and 64 x 256 (down)."""
+    and 64 x 256 (down). With DAYZERO_MOE_DECODE_SPLITK=1, a gate/up GEMM of fewer than 2 programs per
+    SM (one token) is split into SPLITK_GATE_UP K chunks across programs."""
     top_k = max(1, num_pairs // max(1, num_tokens))
     active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
     rows = num_pairs / active
@@ -588,4 +737,5 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
         n2, k2, w2 = 32, 512, 4
     else:  # few programs: K split over 8 warps inside each
         n2, k2, w2 = 16, 1024, 8
-    return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2)
+    split1 = SPLITK_GATE_UP if splitk_enabled() and active * inter / n1 < 2 * num_sms else 1
+    return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1)

@@ -39,6 +39,27 @@ def test_decode_layer_interpreted(tokens, block_m, bias, act):
     assert rel_err(out, _experts_reference(x, ids, w, experts, ACTIVATIONS[act])) < 1.5e-2
 
 
+@interpreter
+@pytest.mark.parametrize("tokens,block_m,bias,act,tiles", [
+    (1, 1, True, a, (64, 32, 64, 32, 4, 4, 2, 2)) for a in ACTIVATIONS] + [
+    (3, 2, False, "swiglu_limit", (32, 32, 32, 64, 4, 4, 3, 1)), (5, 4, True, "gpt_oss", (64, 32, 64, 32, 4, 4, 1, 3))])
+def test_decode_layer_split_k_interpreted(tokens, block_m, bias, act, tiles):
+    """Split-K (partial sums per K chunk, activate_partials / combine_partials). Gate/up K = 96 in
+    BLOCK_K 64 chunks: the last chunk is shorter than a tile (read overlapping the one before); 32-wide
+    tiles split 3 ways: one tile per chunk; down K = 64 asked for 3 chunks gets 2 (none left empty)."""
+    from dayzero.kernels.moe_decode import DecodeConfig
+
+    gen = torch.Generator().manual_seed(200 + tokens)
+    E, H, I = 6, 96, 64
+    experts = random_layer(E, H, I, gen, "cpu", bias)
+    x = torch.randn(tokens, H, generator=gen).bfloat16()
+    ids, w = random_routing(tokens, E, 2, gen, "cpu")
+    out = _run(x, ids, w, experts, ACTIVATIONS[act], DecodeConfig(block_m, *tiles))
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
+    assert rel_err(out, _experts_reference(x, ids, w, experts, ACTIVATIONS[act])) < 1.5e-2
+
+
 def _readback(blocks, scales, device, block_m=4, block_n=32, block_k=64):
     """Every weight column read back through the down-projection kernel: x = identity rows."""
     from dayzero.kernels.moe_decode import decode_gemm, quantize_rows
@@ -123,6 +144,19 @@ def test_choose_decode_config():
     assert choose_decode_config(128, 768, 256, 4096, 2048) is not None  # ~3.2
 
 
+@interpreter
+def test_choose_decode_config_split_k(monkeypatch):
+    from dayzero.kernels.moe_decode import SPLITK_ENV, SPLITK_GATE_UP, choose_decode_config
+
+    monkeypatch.setenv(SPLITK_ENV, "0")
+    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == 1
+    monkeypatch.setenv(SPLITK_ENV, "1")
+    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == SPLITK_GATE_UP  # 180 programs unsplit
+    assert choose_decode_config(1, 6, 256, 4096, 2048).split_k1 == SPLITK_GATE_UP
+    assert choose_decode_config(8, 32, 128, 2880, 2880).split_k1 == 1  # 2610 programs
+    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k2 == 1
+
+
 # -- CUDA, full model shapes --------------------------------------------------------------------
 
 @cuda
@@ -156,7 +190,9 @@ def test_decode_nan_scale_gives_nan_cuda():
 @pytest.mark.parametrize("tokens,block_m,tiles", [(1, 1, (32, 16, 256, 256)), (1, 1, (64, 16, 256, 1024, 8, 8)),
                                                   (5, 2, (64, 64, 128, 128, 8, 8)),
                                                   (17, 4, (32, 32, 256, 128)), (32, 4, (64, 64, 256, 256, 8, 4)),
-                                                  (100, 4, (32, 32, 256, 256))])  # 100: dispatch(), not prep
+                                                  (100, 4, (32, 32, 256, 256)),  # 100: dispatch(), not prep
+                                                  (1, 1, (64, 16, 256, 1024, 8, 8, 4)),  # split K
+                                                  (8, 1, (32, 32, 256, 512, 4, 4, 3, 3))])
 def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_layers):  # noqa: F811
     """Forced decode tiles (the PTX byte permutes and dp4a) at full model shapes."""
     from dayzero import ops
