@@ -40,6 +40,7 @@ class RequestUpdate:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
     logprobs: TokenLogprobs | None = None
+    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (OpenAI usage cached_tokens)
 
 
 @dataclass
@@ -177,7 +178,8 @@ class Engine:
             else:
                 visible = track.text[: track.stop.streamable_length(track.text)]
                 visible = visible.rstrip("\ufffd")  # a multi-byte character still incomplete: wait for it
-                updates.append(RequestUpdate(rid, [token], visible[track.sent:], False, logprobs=step_logprobs[rid]))
+                updates.append(RequestUpdate(rid, [token], visible[track.sent:], False, logprobs=step_logprobs[rid],
+                                             num_cached_tokens=req.num_cached_tokens))
                 track.sent = max(track.sent, len(visible))
         return updates
 
@@ -188,7 +190,8 @@ class Engine:
         self.runner.free(req.request_id)
         delta = track.final_text[track.sent:]
         track.sent = len(track.final_text)
-        return RequestUpdate(req.request_id, tokens, delta, True, req.finish_reason, req.stop_reason, lp)
+        return RequestUpdate(req.request_id, tokens, delta, True, req.finish_reason, req.stop_reason, lp,
+                             req.num_cached_tokens)
 
     def pop_finished(self, request_id: str) -> _Track:
         """Hand over a finished request's track (its text, tokens, logprobs) and forget it."""

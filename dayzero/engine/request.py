@@ -46,7 +46,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     arrival: int = -1  # admission order, set by Scheduler.add; FCFS and preemption order use it
-    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the last admission
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first admission
     stop_reason: int | str | None = None  # the stop token id or stop string that finished it
 
     @property

@@ -191,8 +191,9 @@ class Scheduler:
                 req.num_computed_tokens = 0
                 break
             self.waiting.popleft()
+            if req.status is RequestStatus.WAITING:  # first admission (a preempted one recomputes its own)
+                req.num_cached_tokens = num_cached
             req.status = RequestStatus.RUNNING
-            req.num_cached_tokens = num_cached
             self.num_prefix_cached_tokens += num_cached
             bisect.insort(self.running, req, key=lambda r: r.arrival)
             out.scheduled.append(ScheduledRequest(req, num_new, num_cached))

@@ -53,8 +53,10 @@ class _Seq:
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    cached_tokens: int = 0
 
     def add(self, update: RequestUpdate) -> None:
+        self.cached_tokens = max(self.cached_tokens, update.num_cached_tokens)
         self.text += update.text_delta
         self.token_ids += update.new_token_ids
         if update.logprobs is not None:
@@ -200,8 +202,13 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             raise APIError(400, f"{param}={value!r} is not supported by this server", param)
 
     def usage(seqs: list[_Seq], prompt_tokens: int) -> dict:
+        """OpenAI usage; prompt_tokens_details.cached_tokens: prompt tokens reused from the prefix cache
+        (of each prompt's first completion, as prompt_tokens counts each prompt once)."""
         completion = sum(len(s.token_ids) for s in seqs)
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}
+        cached = sum(max((s.cached_tokens for s in seqs if s.prompt_index == i), default=0)
+                     for i in {s.prompt_index for s in seqs})
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
 
     def token_text(token_id: int) -> str:
         return tokenizer.decode([token_id]) if tokenizer is not None else str(token_id)
@@ -377,7 +384,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             else:
                 finish = None
             meta = {"id": subs[i].request_id, "prompt_tokens": len(s.prompt_ids), "completion_tokens": len(s.token_ids),
-                    "cached_tokens": 0, "finish_reason": finish, "e2e_latency": time.perf_counter() - arrival}
+                    "cached_tokens": s.cached_tokens, "finish_reason": finish, "e2e_latency": time.perf_counter() - arrival}
             if req.return_logprob:
                 meta["output_token_logprobs"] = [[lp.logprob, lp.token_id, None] for lp in s.logprobs]
                 meta["output_top_logprobs"] = [[[v, t, None] for t, v in lp.top] for lp in s.logprobs]

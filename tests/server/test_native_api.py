@@ -53,3 +53,11 @@ def test_info_health_metrics(url):
                  "time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
                  "e2e_request_latency_seconds_count", "prompt_tokens_total", "generation_tokens_total"):
         assert f"dayzero:{name}" in text, name
+
+
+def test_generate_reports_cached_tokens_of_a_repeated_prompt(url):
+    ids = list(range(40, 90))  # 50 tokens: three whole 16-token blocks can be reused
+    sp = {"max_new_tokens": 2, "temperature": 0}
+    httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": sp}, timeout=30)
+    again = httpx.post(f"{url}/generate", json={"input_ids": ids, "sampling_params": sp}, timeout=30).json()
+    assert again["meta_info"]["cached_tokens"] == 48

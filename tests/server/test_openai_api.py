@@ -99,3 +99,16 @@ def test_async_client(url, expected):
 
     assert asyncio.run(main()) == texts + texts
     wait_pool_free(url)
+
+
+def test_second_chat_turn_reports_its_cached_prompt_tokens(client, offline):
+    first = [{"role": "user", "content": "Tell me about the lighthouse keeper and the long winter on the island " * 3}]
+    a = client.chat.completions.create(model="demo", messages=first, max_tokens=6, temperature=0)
+    second = first + [{"role": "assistant", "content": a.choices[0].message.content},
+                      {"role": "user", "content": "And then?"}]
+    b = client.chat.completions.create(model="demo", messages=second, max_tokens=6, temperature=0)
+    cached = b.usage.prompt_tokens_details.cached_tokens
+    # the first turn's prompt is cached (whole 16-token blocks); the answer is re-tokenized by the template
+    assert cached >= a.usage.prompt_tokens // 16 * 16 - 16 and cached % 16 == 0 and cached < b.usage.prompt_tokens
+    want = offline.chat(second, SamplingParams(max_tokens=6, temperature=0.0))[0].text
+    assert b.choices[0].message.content == want
