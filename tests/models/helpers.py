@@ -6,7 +6,8 @@ from dayzero.verify import rel_err  # max |ours - theirs| / max |theirs|
 
 GENERATE = 32  # greedy tokens compared against transformers
 
-__all__ = ["GENERATE", "greedy", "positions", "random_prompt", "rel_err"]
+__all__ = ["GENERATE", "assert_greedy_matches_transformers", "assert_logits_match_transformers", "greedy", "positions",
+           "random_prompt", "rel_err"]
 
 
 def random_prompt(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -30,3 +31,27 @@ def greedy(model, ids: torch.Tensor, steps: int) -> tuple[torch.Tensor, torch.Te
         step_logits.append(logits)
     tokens.append(logits.argmax(-1, keepdim=True))
     return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
+
+
+def assert_logits_match_transformers(ours, hf, ids: torch.Tensor, vocab: int, tolerance: float = 1e-4) -> None:
+    """One full forward of both: float32 logits [B, T, vocab] within `tolerance` (max relative error)."""
+    with torch.no_grad():
+        got, want = ours(ids, positions(ids)), hf(ids).logits
+    assert got.dtype == torch.float32 and got.shape == (*ids.shape, vocab)
+    err = rel_err(got, want)
+    print(f"max relative logits error, prompt {ids.shape[1]}: {err:.2e}")
+    assert err <= tolerance
+
+
+def assert_greedy_matches_transformers(ours, hf, ids: torch.Tensor, steps: int = GENERATE) -> None:
+    """dayzero's cached greedy decode gives transformers' `generate` tokens, and its step logits equal
+    one full forward over the whole sequence (prefill + decode = full forward, 1e-5)."""
+    length = ids.shape[1]
+    tokens, step_logits = greedy(ours, ids, steps)
+    with torch.no_grad():
+        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=steps, do_sample=False,
+                           min_new_tokens=steps, pad_token_id=0)
+    assert torch.equal(tokens, want[:, length:])
+    with torch.no_grad():
+        full = ours(want[:, :-1], positions(want[:, :-1]))[:, length - 1:]
+    assert rel_err(step_logits, full) <= 1e-5

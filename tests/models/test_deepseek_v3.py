@@ -13,8 +13,8 @@ import torch
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import load_model
 from dayzero.spec import UnsupportedModelError, load_spec
-from tests.models.deepseek_checkpoints import (GENERATE, V3_DIMS, build_deepseek_v3_checkpoint, greedy, load_reference,
-                                              positions, prompt, rel_err)
+from tests.models.deepseek_checkpoints import V3_DIMS, build_deepseek_v3_checkpoint, load_reference, positions, prompt, rel_err
+from tests.models.helpers import assert_greedy_matches_transformers, assert_logits_match_transformers
 
 VOCAB = V3_DIMS["vocab_size"]
 MODEL_TYPES = ("deepseek_v3", "kimi_k2")
@@ -70,28 +70,13 @@ def test_experts_hold_the_weights_transformers_dequantizes(models):
 @pytest.mark.parametrize("length", (5, 45))
 def test_logits_match_transformers(models, length):
     ours, hf = models
-    ids = prompt(2, length)
-    with torch.no_grad():
-        got, want = ours(ids, positions(ids)), hf(ids).logits
-    assert got.dtype == torch.float32 and got.shape == (2, length, VOCAB)
-    err = rel_err(got, want)
-    print(f"max relative logits error, prompt {length}: {err:.2e}")
-    assert err <= 1e-4
+    assert_logits_match_transformers(ours, hf, prompt(2, length), VOCAB)
 
 
 @pytest.mark.parametrize("length", (5, 40))
 def test_greedy_generation_matches_transformers(models, length):
     ours, hf = models
-    ids = prompt(1, length, seed=1)
-    tokens, step_logits = greedy(ours, ids, GENERATE)
-    with torch.no_grad():
-        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GENERATE, do_sample=False,
-                           min_new_tokens=GENERATE, pad_token_id=0)
-    assert torch.equal(tokens, want[:, length:])
-    # prefill + decode computes what one full forward over the whole sequence computes
-    with torch.no_grad():
-        full = ours(want[:, :-1], positions(want[:, :-1]))[:, length - 1:]
-    assert rel_err(step_logits, full) <= 1e-5
+    assert_greedy_matches_transformers(ours, hf, prompt(1, length, seed=1))
 
 
 def test_batched_decode_matches_full_forward(models):

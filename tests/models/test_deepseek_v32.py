@@ -9,8 +9,9 @@ import torch
 
 from dayzero.models import load_model
 from dayzero.spec import UnsupportedModelError, load_spec
-from tests.models.deepseek_checkpoints import (GENERATE, V3_DIMS, V32_DIMS, build_deepseek_v32_checkpoint, greedy,
-                                              load_reference, positions, prompt, rel_err)
+from tests.models.deepseek_checkpoints import (V3_DIMS, V32_DIMS, build_deepseek_v32_checkpoint, load_reference,
+                                              positions, prompt, rel_err)
+from tests.models.helpers import assert_greedy_matches_transformers
 
 TOPK = V32_DIMS["index_topk"]
 
@@ -76,15 +77,7 @@ def test_sparse_regime_is_exercised(models):
 @pytest.mark.parametrize("length", (5, 40))
 def test_greedy_generation_matches_transformers(models, length):
     ours, hf = models
-    ids = prompt(1, length, seed=1)
-    tokens, step_logits = greedy(ours, ids, GENERATE)
-    with torch.no_grad():
-        want = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GENERATE, do_sample=False,
-                           min_new_tokens=GENERATE, pad_token_id=0)
-    assert torch.equal(tokens, want[:, length:])
-    with torch.no_grad():
-        full = ours(want[:, :-1], positions(want[:, :-1]))[:, length - 1:]
-    assert rel_err(step_logits, full) <= 1e-5
+    assert_greedy_matches_transformers(ours, hf, prompt(1, length, seed=1))
 
 
 def test_chunked_prefill_matches_full_forward(models):
