@@ -155,6 +155,21 @@ def _activate(gate, up, alpha, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.co
 
 
 @triton.jit
+def _block_rows(mb, row_pair_ptr, a_ptr, S, stride_am, GATHER: tl.constexpr, TOP_K: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """The padded rows of dispatch block mb, the pair each holds, which are real, and the A row pointers:
+    x rows by token (pair // TOP_K) with GATHER, else the padded rows themselves (h)."""
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(row_pair_ptr + rows)
+    row_valid = pair < S
+    if GATHER:
+        a_rows = tl.where(row_valid, pair // TOP_K, 0)
+    else:
+        a_rows = rows
+    return rows, pair, row_valid, a_ptr + a_rows.to(tl.int64)[:, None] * stride_am
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
     N, S, E, up_offset, alpha, limit,
@@ -171,14 +186,7 @@ def _moe_gemm_kernel(
     if expert >= E:
         return
     nb = tl.program_id(1)
-    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(row_pair_ptr + rows)
-    row_valid = pair < S
-    if GATHER:
-        a_rows = tl.where(row_valid, pair // TOP_K, 0)
-    else:
-        a_rows = rows
-    a_base = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am
+    rows, pair, row_valid, a_base = _block_rows(mb, row_pair_ptr, a_ptr, S, stride_am, GATHER, TOP_K, BLOCK_M)
     offs_n = nb * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     w_base = w_ptr + expert.to(tl.int64) * stride_we
@@ -297,9 +305,10 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
               configs=None) -> torch.Tensor:
     """dispatch -> gate/up GEMM with fused bias + activation -> down GEMM with bias x router weight ->
     combine. Arguments already checked; w13/w2 as grouped_gemm takes them. configs: a (GemmConfig,
-    GemmConfig) pair (this module's tensor-core GEMM), a moe_decode.DecodeConfig (MXFP4 only: the
-    integer-dot decode kernels), or None to choose from the static sizes (decode kernels for MXFP4
-    when moe_decode.choose_decode_config returns a config)."""
+    GemmConfig) pair (this module's transposed tensor-core GEMM), a (MmaConfig, MmaConfig) pair
+    (moe_mma's prefill GEMM), a moe_decode.DecodeConfig (MXFP4 only: the integer-dot decode kernels),
+    or None to choose from the static sizes (decode kernels for MXFP4 when
+    moe_decode.choose_decode_config returns a config, else moe_mma when choose_mma_configs does)."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
     T, H = x.shape
@@ -316,14 +325,20 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         if decode is not None:
             return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,
                                     config=decode)
-    c1, c2 = configs or (choose_config(pairs, E, inter, mxfp4, True), choose_config(pairs, E, H, mxfp4, False))
+    from dayzero.kernels.moe_mma import MmaConfig, choose_mma_configs, mma_gemm
+
+    c1, c2 = configs or choose_mma_configs(pairs, E, mxfp4, inter, H) or (choose_config(pairs, E, inter, mxfp4, True),
+                                                                 choose_config(pairs, E, H, mxfp4, False))
     if c1.block_m != c2.block_m:
         raise ValueError(f"moe_layer: both GEMMs must use one BLOCK_M, got {c1.block_m} and {c2.block_m}")
+    if isinstance(c1, MmaConfig) != isinstance(c2, MmaConfig):
+        raise ValueError("moe_layer: both GEMMs must be GemmConfig or both MmaConfig")
+    gemm = mma_gemm if isinstance(c1, MmaConfig) else grouped_gemm
     d = dispatch(topk_ids, E, c1.block_m)
     act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
     alpha = activation.alpha if activation.alpha is not None else 1.0
-    h = grouped_gemm(x, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
-                     limit=activation.limit, config=c1)
-    y = grouped_gemm(h, w2, s2, b2, d, out_features=H, gather=False,
-                     router_weights=topk_weights.contiguous().view(-1), config=c2)
+    h = gemm(x, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
+             limit=activation.limit, config=c1)
+    y = gemm(h, w2, s2, b2, d, out_features=H, gather=False, router_weights=topk_weights.contiguous().view(-1),
+             config=c2)
     return combine(y, d, T, x.dtype)
