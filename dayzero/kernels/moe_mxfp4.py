@@ -9,10 +9,11 @@ workspace (reused across calls and layers until evicted), FP8 GEMM on the tensor
 synchronisation per call: the prefill path.
 
 Selection (`select_path`), per call: DAYZERO_MOE_PATH = auto (default) | a | b, or the `path` argument.
-auto picks B when the call has at least DAYZERO_MOE_B_MIN_TOKENS tokens (default
-DEFAULT_B_MIN_TOKENS), the workspace can hold min(experts, tokens * top_k) experts (the most a call
-can activate) and no CUDA graph is being captured; else A. Forcing "b" with a workspace too small for
-the call's active experts raises ValueError naming the workspace setting.
+auto picks B only where it measured faster than A: the device's workspace already holds every expert
+of this layer (so the call converts nothing), the call has DAYZERO_MOE_B_MIN_TOKENS to
+DAYZERO_MOE_B_MAX_TOKENS tokens (defaults DEFAULT_B_MIN_TOKENS, DEFAULT_B_MAX_TOKENS: excluded) and
+no CUDA graph is being captured; else A. Forcing "b" with a workspace too small for the call's
+active experts raises ValueError naming the workspace setting.
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ from dayzero.kernels.moe_gemm import moe_layer
 PATH_ENV = "DAYZERO_MOE_PATH"
 B_MIN_TOKENS_ENV = "DAYZERO_MOE_B_MIN_TOKENS"
 PATHS = ("auto", "a", "b")
-# Tokens per call from which auto picks path B, from the H200 measurements of bench/moe.py --paths A B
-# --prefetch (2026-11-30, docs/kernels.md): per layer, path A eager vs path B with a cold workspace /
-# in the steady state of a 2.2-layer workspace with prefetch, gpt-oss-120b: 4.06 vs 5.72 / 5.18 ms at
-# 2048 tokens, 6.84 vs 7.01 / 6.23 ms at 4096, 11.6 vs 9.78 / 9.05 ms at 8192; DeepSeek-V4: 7.24 vs
-# 9.23 / 7.68 ms at 2048, 11.0 vs 11.2 / 10.1 ms at 4096, 18.9 vs 15.2 / 14.3 ms at 8192. With a warm
-# workspace B wins from 512 tokens (a workspace holding every layer's experts makes that the case).
-DEFAULT_B_MIN_TOKENS = 4096
+# Tokens per call for which auto picks a warm path B, from the H200 run of bench/moe.py (2026-12-01,
+# BENCHMARKS.md), path A (prefill kernel moe_mma) eager vs path B with every expert resident / with an
+# empty workspace, gpt-oss-120b: 2.05 vs 2.16 / 5.08 ms at 128 tokens, 2.17 vs 2.08 / 5.12 at 512,
+# 3.19 vs 2.94 / 5.95 at 2048, 7.33 vs 7.60 / 10.59 at 8192; DeepSeek-V4: 2.85 vs 3.02 / 8.34 at 128,
+# 4.05 vs 3.48 / 9.30 at 512, 4.03 vs 3.80 / 9.63 at 2048, 10.69 vs 10.94 / 16.58 at 8192. A cold B
+# is slower than A at every size, so B is never picked when it would convert.
+DEFAULT_B_MIN_TOKENS = 512
+DEFAULT_B_MAX_TOKENS = 4096
+B_MAX_TOKENS_ENV = "DAYZERO_MOE_B_MAX_TOKENS"
 
 
 def _setting_path() -> str:
@@ -44,14 +47,22 @@ def _setting_path() -> str:
     return path
 
 
-def b_min_tokens() -> int:
-    raw = os.environ.get(B_MIN_TOKENS_ENV)
+def _tokens_setting(env: str, default: int) -> int:
+    raw = os.environ.get(env)
     if raw is None:
-        return DEFAULT_B_MIN_TOKENS
+        return default
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{B_MIN_TOKENS_ENV} must be a whole number of tokens, got {raw!r}") from None
+        raise ValueError(f"{env} must be a whole number of tokens, got {raw!r}") from None
+
+
+def b_min_tokens() -> int:
+    return _tokens_setting(B_MIN_TOKENS_ENV, DEFAULT_B_MIN_TOKENS)
+
+
+def b_max_tokens() -> int:
+    return _tokens_setting(B_MAX_TOKENS_ENV, DEFAULT_B_MAX_TOKENS)
 
 
 def select_path(x: torch.Tensor, topk_ids: torch.Tensor, experts, path: str | None = None) -> str:
@@ -61,13 +72,12 @@ def select_path(x: torch.Tensor, topk_ids: torch.Tensor, experts, path: str | No
         raise ValueError(f"moe_experts_mxfp4: path must be one of {', '.join(PATHS)}, got {path!r}")
     if path != "auto":
         return path
-    tokens, top_k = topk_ids.shape
-    if tokens < b_min_tokens() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+    tokens = topk_ids.shape[0]
+    if not b_min_tokens() <= tokens < b_max_tokens() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return "a"
     from dayzero.kernels.fp8_workspace import default_workspace
 
-    most_active = min(experts.num_experts, tokens * top_k)
-    return "b" if default_workspace(x.device).num_slots_for(experts) >= most_active else "a"
+    return "b" if len(default_workspace(x.device).resident(experts)) == experts.num_experts else "a"
 
 
 def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, configs=None, path: str | None = None,

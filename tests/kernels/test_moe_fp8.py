@@ -221,8 +221,7 @@ def test_workspace_too_small_raises_and_auto_selects_path_a(monkeypatch):
     monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "2")
     x = torch.randn(3, 64).bfloat16()
     ids, w = _ids(0, 1, 2), torch.ones(3, 1)
-    assert select_path(x, ids, layer) == "a"  # 3 experts may be active, 2 slots
-    assert select_path(x, ids[:2], layer) == "b"
+    assert select_path(x, ids, layer) == "a"  # the 4 experts cannot all be resident in 2 slots
     with pytest.raises(ValueError, match="DAYZERO_FP8_WORKSPACE_GIB"):
         moe_experts_mxfp4(x, ids, w, layer, GPT_OSS, path="b")
 
@@ -248,17 +247,30 @@ def test_prefetch_converts_what_the_next_layer_used_last_step():
     assert s.conversions == s.misses + s.prefetched
 
 
+@interpreter
 def test_path_selection_setting(monkeypatch):
     from dayzero.kernels import fp8_workspace
-    from dayzero.kernels.moe_mxfp4 import DEFAULT_B_MIN_TOKENS, select_path
+    from dayzero.kernels.moe_mxfp4 import DEFAULT_B_MAX_TOKENS, DEFAULT_B_MIN_TOKENS, select_path
 
     layer = _tiny_layer(5)
-    monkeypatch.setattr(fp8_workspace, "_DEFAULT", {torch.device("cpu"): _workspace(2**24, "cpu")})
+    ws = _workspace(2**24, "cpu", prefetch=False)
+    monkeypatch.setattr(fp8_workspace, "_DEFAULT", {torch.device("cpu"): ws})
     x = torch.zeros(1, 64).bfloat16()
     small, large = torch.zeros(DEFAULT_B_MIN_TOKENS - 1, 4), torch.zeros(DEFAULT_B_MIN_TOKENS, 4)
+    huge = torch.zeros(DEFAULT_B_MAX_TOKENS, 4)
+    assert select_path(x, large, layer) == "a"  # cold: B would convert, A is faster at every size
+    ws.prepare(layer, _ids(0, 1, 2, 3, 4))
+    assert select_path(x, large, layer) == "a"  # expert 5 is not resident
+    ws.prepare(layer, _ids(5))
     assert select_path(x, small, layer) == "a" and select_path(x, large, layer) == "b"
+    assert select_path(x, huge, layer) == "a"
     monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "5")
-    assert select_path(x, torch.zeros(4, 4), layer) == "a" and select_path(x, torch.zeros(5, 4), layer) == "b"
+    monkeypatch.setenv("DAYZERO_MOE_B_MAX_TOKENS", "7")
+    assert [select_path(x, torch.zeros(t, 4), layer) for t in (4, 5, 6, 7)] == ["a", "b", "b", "a"]
+    monkeypatch.setenv("DAYZERO_MOE_B_MAX_TOKENS", "lots")
+    with pytest.raises(ValueError, match="DAYZERO_MOE_B_MAX_TOKENS must be a whole number"):
+        select_path(x, large, layer)
+    monkeypatch.delenv("DAYZERO_MOE_B_MAX_TOKENS")
     monkeypatch.setenv("DAYZERO_MOE_PATH", "a")
     assert select_path(x, large, layer) == "a"
     assert select_path(x, small, layer, path="b") == "b"
@@ -283,9 +295,13 @@ def test_policy_runs_the_selected_path_interpreted(monkeypatch):
     ws = _workspace(2**24, "cpu")
     monkeypatch.setattr(fp8_workspace, "_DEFAULT", {torch.device("cpu"): ws})
     monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "6")
+    assert torch.equal(moe_experts_mxfp4(x, ids, w, experts, GPT_OSS),  # cold workspace: path A
+                       moe_experts_mxfp4_fused(x, ids, w, experts, GPT_OSS))
+    assert ws.stats.misses == 0
+    ws.prepare(experts, torch.arange(experts.num_experts)[:, None])  # every expert resident: path B
     assert torch.equal(moe_experts_mxfp4(x, ids, w, experts, GPT_OSS),
                        moe_experts_mxfp4_fp8(x, ids, w, experts, GPT_OSS, _workspace(2**24, "cpu")))
-    assert ws.stats.misses > 0
+    assert ws.stats.hits > 0
     assert torch.equal(moe_experts_mxfp4(x[:5], ids[:5], w[:5], experts, GPT_OSS),
                        moe_experts_mxfp4_fused(x[:5], ids[:5], w[:5], experts, GPT_OSS))
 
