@@ -9,10 +9,15 @@ from dayzero.ops.moe import ExpertWeights, _experts_reference
 
 
 def random_mxfp4(shape: tuple[int, ...], k: int, gen: torch.Generator, device, scale_range=(119, 124)):
-    """(blocks uint8 [*shape, k/32, 16], scales uint8 [*shape, k/32]): uniform random codes and E8M0 bytes."""
-    blocks = torch.randint(0, 256, (*shape, k // 32, 16), generator=gen, dtype=torch.uint8, device="cpu")
+    """(blocks uint8 [*shape, k/32, 16], scales uint8 [*shape, k/32]): uniform random codes and E8M0 bytes.
+    On CUDA they are drawn there, from a generator seeded by `gen` (full model shapes are gigabytes)."""
+    if torch.device(device).type == "cuda":
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        gen = torch.Generator(device=device).manual_seed(seed)
+    where = device if torch.device(device).type == "cuda" else "cpu"
+    blocks = torch.randint(0, 256, (*shape, k // 32, 16), generator=gen, dtype=torch.uint8, device=where)
     scales = torch.randint(scale_range[0], scale_range[1] + 1, (*shape, k // 32), generator=gen,
-                           dtype=torch.uint8, device="cpu")
+                           dtype=torch.uint8, device=where)
     return blocks.to(device), scales.to(device)
 
 
