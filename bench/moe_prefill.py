@@ -6,7 +6,7 @@ transposed tensor-core kernel it replaces (moe_gemm) in the same run, and the me
     python bench/moe_prefill.py --json out.json    # gpt-oss-120b and DeepSeek-V4 at 512 to 8192 tokens
 
 Variants: "hand" (MXFP4 words upcast by moe_gemm's bit manipulation), "scaled" (MXFP4 bytes through
-tl.dot_scaled), "bf16" (path C's dequantized weights). Per model, token count, variant and GEMM
+tl.dot_scaled; --variants scaled, not run by default), "bf16" (path C's dequantized weights). Per model, token count, variant and GEMM
 (gate/up with bias + activation; down with bias x router weight) every tile of the grid is timed;
 TFLOP/s count the rows actually routed (2 * pairs * N * K), not the padding. Then the whole layer
 (dispatch, both GEMMs, combine) with the default tiles, with each variant's best tiles, and on the

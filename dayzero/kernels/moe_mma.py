@@ -61,8 +61,8 @@ class MmaConfig:
 
 
 @triton.jit
-def _weight_tile(w_base, s_base, offs_n, k0, K: tl.constexpr, stride_wn, stride_sn, WFMT: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET: tl.constexpr):
+def _bf16_tile(w_base, offs_n, k0, K: tl.constexpr, stride_wn, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+               INTERPRET: tl.constexpr):
     """bf16 weights [BLOCK_N, BLOCK_K] of rows offs_n (always in range) at K offset k0; zero past K."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     ptrs = w_base + offs_n[:, None] * stride_wn + offs_k[None, :]
@@ -154,12 +154,10 @@ def _moe_mma_body(
                 codes, scale = _scaled_tile(w_base, s_base, ld_up, k0, K, stride_wn, stride_sn, BLOCK_K, EVEN_K)
                 acc_up = tl.dot_scaled(a, None, "bf16", tl.trans(codes), scale, "e2m1", acc_up)
         else:
-            w = _weight_tile(w_base, s_base, ld_n, k0, K, stride_wn, stride_sn, WFMT, BLOCK_N, BLOCK_K, EVEN_K,
-                             INTERPRET)
+            w = _bf16_tile(w_base, ld_n, k0, K, stride_wn, BLOCK_K, EVEN_K, INTERPRET)
             acc = tl.dot(a, tl.trans(w), acc)
             if GATED:
-                w = _weight_tile(w_base, s_base, ld_up, k0, K, stride_wn, stride_sn, WFMT, BLOCK_N, BLOCK_K, EVEN_K,
-                                 INTERPRET)
+                w = _bf16_tile(w_base, ld_up, k0, K, stride_wn, BLOCK_K, EVEN_K, INTERPRET)
                 acc_up = tl.dot(a, tl.trans(w), acc_up)
 
     if HAS_BIAS:
@@ -176,12 +174,12 @@ def _moe_mma_body(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
 
 
-
 # Two compilations of one body. bf16 weights need the row stride's 16-divisibility (16-byte cp.async
 # of the weight tiles: without it the H200 measured the bf16 layer 2.4x slower); for MXFP4 words
 # Triton 3.6 fails to compile with it (module docstring), so that alignment is not specialised there.
 _mma_kernel = triton.jit(_moe_mma_body)
 _mma_kernel_words = triton.jit(_moe_mma_body, do_not_specialize_on_alignment=["stride_wn"])
+
 
 def mma_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0, alpha: float = 1.0,
              limit: float | None = None, router_weights=None, config: MmaConfig) -> torch.Tensor:
