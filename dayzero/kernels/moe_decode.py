@@ -10,16 +10,19 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   |q| <= 2^14: exact for every value within 2^6 of the block maximum, absolute error at most 2^-14 of
   it otherwise, finer than bf16), split into a signed high byte and an unsigned low byte
   (q = 256 * hi + lo). The factor back, 2^(E - 141), folds in the 1/2 of the weight bytes below.
-- Each E2M1 code becomes the signed byte 2 * value (-12..12) with three byte permutes (PRMT) per four
-  codes: one picks the magnitude from the table {0,1,2,3,4,6,8,12}, one from its negation, one selects
-  by the sign bit. `dp4a` (four int8 x int8 products plus an int32 addend) multiplies them with the
-  activation bytes; a 32-value block's integer sum (|sum| < 2^24, exact in float32) is scaled by the
-  activation factor and the block's E8M0 factor 2^(s - 127) (NaN for 0xFF), both powers of two, so
-  every block's contribution is exact and only the float32 sum over blocks rounds.
+- Each E2M1 code becomes the unsigned byte 2 * value + 24 (12..36) with two byte permutes (PRMT) per
+  four codes and one OR, the codes themselves as PRMT's selectors (nine integer instructions per word
+  of eight codes; see _E2M1_BYTES_ASM). `dp4a` (four byte x byte products plus an int32 addend)
+  multiplies them with the activation bytes; the offset comes back out as 24 times the block's
+  activation sum, stored by the quantizer beside the block factor. A 32-value block's integer sum
+  (< 2^24, exact in float32, as is the corrected sum) is scaled by the activation factor and the
+  block's E8M0 factor 2^(s - 127) (NaN for 0xFF), both powers of two, so every block's contribution is
+  exact and only the float32 sum over blocks rounds.
 - A program owns one dispatch block (BLOCK_M <= 4 padded rows of one expert) and BLOCK_N outputs; the
   weights of a K tile are decoded once and used for every valid row of the block (rows past the
   expert's count are skipped at run time). Tiles are read unmasked (a last partial K tile is read
-  from K - BLOCK_K, its repeated blocks get activation factor 0) and prefetched two steps ahead. The
+  from K - BLOCK_K, its repeated blocks get activation factor 0) and either prefetched two steps ahead
+  in registers (STAGES = 0) or staged through shared memory by Triton's software pipeline (STAGES >= 2). The
   gate/up GEMM applies biases and the activation and writes the intermediate h already quantized for
   the down GEMM, which applies its bias and the router weight and writes bf16 rows for the final
   k-slot reduction (moe_dispatch.combine).
@@ -32,14 +35,18 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   combine_partials adds chunks and k slots in place of combine. No atomics: every sum runs in a fixed
   order, so results are deterministic (they differ from the unsplit kernels by float32 rounding).
 
-Where this stands on the H200 (docs/kernels.md has the numbers): 1.8-2.9x faster than the tensor-core
-kernel at 1-32 tokens, 30-67% of copy bandwidth on the MXFP4 bytes; one token is latency-bound (few
-programs, about 24 instructions per weight word at one row).
+Where this stands on the H200 (docs/kernels.md has the numbers): 2-3x faster than the tensor-core
+kernel at 1-32 tokens; 37-46% of copy bandwidth at one token (a pure read of the same bytes reaches
+57-73% with the same timing), 60-83% at 8-32 tokens. Latency-bound, not instruction-bound: the offset
+bytes cut the integer work per weight word from 16 to 9 instructions and gained 0-11%; the pipelined
+loop (STAGES >= 2: tiles through shared memory, fewer registers, more programs in flight) gained
+10-25% wherever there are many programs.
 
 Layouts (all contiguous):
     xq   int32 [R, 4, K/8]   quantized activation rows; word g of plane p holds 4 bytes for
                              k = 8g + 4*(p % 2) .. +3: planes 0, 1 the high bytes, 2, 3 the low bytes
-    xs   float32 [R, K/32]   the factor 2^(E - 141) of each 32-value block (NaN if it held a non-finite)
+    xs   float32 [R, 2, K/32] plane 0: the factor 2^(E - 141) of each 32-value block (NaN if it held a
+                             non-finite); plane 1: 24 * the block's sum of q (the weight bytes' offset)
     w    int32 [E, N, K/8]   MXFP4 codes (canonical layout, 8 per word, code k = 8g+i in bits 4i..4i+3)
     s    uint8 [E, N, K/32]  E8M0 scales
 
@@ -64,7 +71,9 @@ class DecodeConfig:
     """block_m: padded rows per dispatch block (1, 2 or 4). Per GEMM (1: gate/up, 2: down): block_n,
     outputs per program (gate/up: intermediate columns, a multiple of 32); block_k, K per loop step (a
     power of two >= 32, capped at K); num_warps; split_k, K chunks per output tile, one program each
-    (1: none; see decode_gemm)."""
+    (1: none; see decode_gemm); stages: 0 = weight tiles prefetched by hand two steps ahead in
+    registers, n >= 2 = Triton's software pipeline with n stages (tiles copied asynchronously into
+    shared memory: fewer registers per thread, more programs and more bytes in flight per SM)."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -74,47 +83,50 @@ class DecodeConfig:
     num_warps2: int = 4
     split_k1: int = 1
     split_k2: int = 1
+    stages1: int = 0
+    stages2: int = 0
 
 
-# Four E2M1 codes (the low 16 bits of m, sign bits cleared) -> four signed bytes 2 * value: a byte
-# permute from the magnitude table {0,1,2,3,4,6,8,12}, one from its negation, then one selecting per
-# byte by the sign bit (s: selector nibbles 0..3, plus 4 where the code is negative).
+# Eight E2M1 codes (one word) -> two words of four unsigned bytes 2 * value + 24 (12..36), two byte
+# permutes per four codes: PRMT's selector nibble is the code itself, whose sign bit (bit 3) asks PRMT
+# for the sign of the selected byte instead of the byte. A positive code picks 24 + 2|v| from table A
+# ($3, $4); a negative one gets 0 there (table bytes are < 128). With the sign bits flipped the roles
+# swap: a negative code picks 24 - 2|v| from table B ($5, $6), a positive one 0. The OR of the two is
+# the offset byte; the dot product subtracts 24 * (the activation block's sum), see quantize_rows.
 _E2M1_BYTES_ASM = tl.constexpr("""{
-.reg .b32 m, s, p, q;
-and.b32 m, $2, 0x77777777;
-shr.u32 s, $2, 1;
-and.b32 s, s, 0x44444444;
-or.b32 s, s, 0x32103210;
-prmt.b32 p, $3, $4, m;
-prmt.b32 q, $5, $6, m;
-prmt.b32 $0, p, q, s;
-shr.u32 m, m, 16;
-shr.u32 s, s, 16;
-prmt.b32 p, $3, $4, m;
-prmt.b32 q, $5, $6, m;
-prmt.b32 $1, p, q, s;
+.reg .b32 x, p, q, h;
+xor.b32 x, $2, 0x88888888;
+prmt.b32 p, $3, $4, $2;
+prmt.b32 q, $5, $6, x;
+or.b32 $0, p, q;
+shr.u32 h, $2, 16;
+shr.u32 x, x, 16;
+prmt.b32 p, $3, $4, h;
+prmt.b32 q, $5, $6, x;
+or.b32 $1, p, q;
 }""")
+WEIGHT_OFFSET = tl.constexpr(24)  # added to each weight byte 2 * value, so that every byte is unsigned
 
 
 @triton.jit
 def _e2m1_bytes_by_definition(words, SHIFT: tl.constexpr):
-    """Codes SHIFT/4 .. SHIFT/4 + 3 of each word (a 3-d tensor) as four signed bytes 2 * e2m1: what
-    the PRMTs give."""
+    """Codes SHIFT/4 .. SHIFT/4 + 3 of each word (a 3-d tensor) as four unsigned bytes 2 * e2m1 + 24:
+    what the PRMTs give."""
     i = tl.arange(0, 4)[None, None, None, :]
     code = (words[:, :, :, None] >> (SHIFT + 4 * i)) & 0xF
     mag = code & 7
     twice = tl.where(mag < 4, mag, (2 + (mag & 1)) << tl.maximum((mag >> 1) - 1, 0))
-    twice = tl.where(code >= 8, -twice, twice)
-    return tl.sum((twice & 0xFF) << (8 * i), axis=3)  # disjoint bytes: the sum is their bitwise or
+    twice = tl.where(code >= 8, -twice, twice) + WEIGHT_OFFSET
+    return tl.sum(twice << (8 * i), axis=3)  # disjoint bytes: the sum is their bitwise or
 
 
 @triton.jit
 def _e2m1_bytes(words, zero, USE_ASM: tl.constexpr):
-    """int32 words of 8 E2M1 codes -> (codes 0..3, codes 4..7), each as four signed bytes 2 * value."""
+    """int32 words of 8 E2M1 codes -> (codes 0..3, codes 4..7), each as four unsigned bytes 2 * value + 24."""
     if USE_ASM:
-        # The tables as bytes 0..7 of two words: magnitudes {0,1,2,3 | 4,6,8,12} and their negations
-        # (0xFDFEFF00, 0xF4F8FAFC as int32). `zero` keeps them in registers (see _moe_decode_kernel).
-        tables = [zero + 0x03020100, zero + 0x0C080604, zero - 33620224, zero - 185009412]
+        # The tables as bytes 0..7 of two words: 24 + {0,1,2,3 | 4,6,8,12} and 24 - the same. `zero`
+        # keeps them in registers (see _moe_decode_kernel).
+        tables = [zero + 0x1B1A1918, zero + 0x24201E1C, zero + 0x15161718, zero + 0x0C101214]
         lo, hi = tl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [words] + tables,
                                            dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
     else:
@@ -168,6 +180,8 @@ def _quantize_store(v, q_ptr, s_ptr, n0, N: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(q_ptr + plane + word, hi, mask=mask)
     tl.store(q_ptr + 2 * (N // 8) + plane + word, lo, mask=mask)
     tl.store(s_ptr + blk, back, mask=blk < N // 32)
+    qsum = tl.sum(tl.sum(tl.sum(q, axis=3), axis=2), axis=1)  # |24 * qsum| <= 24 * 32 * 2^14 < 2^24: exact
+    tl.store(s_ptr + N // 32 + blk, (qsum * WEIGHT_OFFSET).to(tl.float32), mask=blk < N // 32)
 
 
 @triton.jit
@@ -176,14 +190,14 @@ def _quantize_rows_kernel(x_ptr, q_ptr, s_ptr, K: tl.constexpr, BLOCK: tl.conste
     n0 = tl.program_id(1) * BLOCK
     offs = n0 + tl.arange(0, BLOCK)
     v = tl.load(x_ptr + row.to(tl.int64) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
-    _quantize_store(v, q_ptr + row.to(tl.int64) * (K // 2), s_ptr + row.to(tl.int64) * (K // 32), n0, K, BLOCK)
+    _quantize_store(v, q_ptr + row.to(tl.int64) * (K // 2), s_ptr + row.to(tl.int64) * (K // 16), n0, K, BLOCK)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, K] (any float dtype, K % 32 == 0) -> (xq int32 [R, 4, K/8], xs float32 [R, K/32])."""
+    """x [R, K] (any float dtype, K % 32 == 0) -> (xq int32 [R, 4, K/8], xs float32 [R, 2, K/32])."""
     R, K = x.shape
     xq = torch.empty(R, 4, K // 8, dtype=torch.int32, device=x.device)
-    xs = torch.empty(R, K // 32, dtype=torch.float32, device=x.device)
+    xs = torch.empty(R, 2, K // 32, dtype=torch.float32, device=x.device)
     if R:
         block = min(1024, triton.next_power_of_2(K))
         _quantize_rows_kernel[(R, triton.cdiv(K, block))](x, xq, xs, K=K, BLOCK=block)
@@ -197,7 +211,7 @@ def dequantize_rows(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
     hi = torch.where(b[:, :2] >= 128, b[:, :2] - 256, b[:, :2])
     q = hi * 256 + b[:, 2:]  # [R, 2 (half), words, 4]
     q = q.permute(0, 2, 1, 3).reshape(R, words * 8)
-    return q.float() * (2 * xs).repeat_interleave(32, dim=1)
+    return q.float() * (2 * xs[:, 0]).repeat_interleave(32, dim=1)
 
 
 @triton.jit
@@ -214,7 +228,7 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
         n0 = ((pid - 1) % NQ) * QBLOCK
         offs = n0 + tl.arange(0, QBLOCK)
         v = tl.load(x_ptr + row.to(tl.int64) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
-        _quantize_store(v, xq_ptr + row.to(tl.int64) * (K // 2), xs_ptr + row.to(tl.int64) * (K // 32), n0, K,
+        _quantize_store(v, xq_ptr + row.to(tl.int64) * (K // 2), xs_ptr + row.to(tl.int64) * (K // 16), n0, K,
                         QBLOCK)
     else:
         s = tl.arange(0, BS)
@@ -270,7 +284,7 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     row_pair = torch.empty(max(max_rows, 1), dtype=torch.int32, device=dev)
     pair_row = torch.empty(max(S, 1), dtype=torch.int32, device=dev)
     xq = torch.empty(T, 4, H // 8, dtype=torch.int32, device=dev)
-    xs = torch.empty(T, H // 32, dtype=torch.float32, device=dev)
+    xs = torch.empty(T, 2, H // 32, dtype=torch.float32, device=dev)
     qblock = min(1024, triton.next_power_of_2(H))
     nq = triton.cdiv(H, qblock)
     bs = max(16, triton.next_power_of_2(S))
@@ -311,9 +325,9 @@ def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.const
 
 @triton.jit
 def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The four byte planes [1, BLOCK_K/32, 4] and the block factors [BLOCK_K/32] of activation row
-    a_row for the K tile of step k0 (see _tile_start): factor 0 for blocks before k0 (read twice) and
-    where not valid. The planes are loaded 2-d with the contiguity of the weight words, so that they
+    """The four byte planes [1, BLOCK_K/32, 4], the block factors [BLOCK_K/32] and the blocks' weight
+    offset corrections (24 * the block's sum) of activation row a_row for the K tile of step k0 (see
+    _tile_start): factor 0 for blocks before k0 (read twice) and where not valid. The planes are loaded 2-d with the contiguity of the weight words, so that they
     land in the words' register layout and broadcast over N for free."""
     KB: tl.constexpr = BLOCK_K // 32
     start = _tile_start(k0, kend, BLOCK_K)
@@ -324,8 +338,10 @@ def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: 
     l0 = tl.reshape(tl.load(ptrs + 2 * (K // 8), mask=valid, other=0), [1, KB, 4])
     l1 = tl.reshape(tl.load(ptrs + 3 * (K // 8), mask=valid, other=0), [1, KB, 4])
     blk = start // 32 + tl.arange(0, KB)
-    xs = tl.load(xs_ptr + a_row.to(tl.int64) * (K // 32) + blk, mask=(blk >= k0 // 32) & valid, other=0.0)
-    return h0, h1, l0, l1, xs
+    xs_row = xs_ptr + a_row.to(tl.int64) * (K // 16) + blk
+    xs = tl.load(xs_row, mask=(blk >= k0 // 32) & valid, other=0.0)
+    xc = tl.load(xs_row + K // 32, mask=valid, other=0.0)
+    return h0, h1, l0, l1, xs, xc
 
 
 @triton.jit
@@ -346,7 +362,7 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 def _block_dot(w_lo, w_hi, wf, x, USE_ASM: tl.constexpr):
     """float32 [BLOCK_N, KB]: each 32-value block's dot product of one weight row and one activation row
     (x: _load_row's planes and factors)."""
-    h0, h1, l0, l1, xs = x
+    h0, h1, l0, l1, xs, xc = x
     if USE_ASM:  # one dp4a chain per 32-value block: the signed high bytes, x 256, the unsigned low bytes
         wl = _split4(w_lo)
         wh = _split4(w_hi)
@@ -356,17 +372,18 @@ def _block_dot(w_lo, w_hi, wf, x, USE_ASM: tl.constexpr):
         xl1 = _split4(l1)
         isum = tl.zeros(wf.shape, tl.int32)
         for j in tl.static_range(4):
-            isum = _dp4a(wl[j], xh0[j], isum, "dp4a.s32.s32 $0, $1, $2, $3;")
-            isum = _dp4a(wh[j], xh1[j], isum, "dp4a.s32.s32 $0, $1, $2, $3;")
+            isum = _dp4a(wl[j], xh0[j], isum, "dp4a.u32.s32 $0, $1, $2, $3;")
+            isum = _dp4a(wh[j], xh1[j], isum, "dp4a.u32.s32 $0, $1, $2, $3;")
         isum = isum << 8
         for j in tl.static_range(4):
-            isum = _dp4a(wl[j], xl0[j], isum, "dp4a.s32.u32 $0, $1, $2, $3;")
-            isum = _dp4a(wh[j], xl1[j], isum, "dp4a.s32.u32 $0, $1, $2, $3;")
+            isum = _dp4a(wl[j], xl0[j], isum, "dp4a.u32.u32 $0, $1, $2, $3;")
+            isum = _dp4a(wh[j], xl1[j], isum, "dp4a.u32.u32 $0, $1, $2, $3;")
     else:  # the same integers by their definition
         q0 = (_bytes(h0, True) << 8) + _bytes(l0, False)
         q1 = (_bytes(h1, True) << 8) + _bytes(l1, False)
-        isum = tl.sum(tl.sum(_bytes(w_lo, True) * q0 + _bytes(w_hi, True) * q1, axis=3), axis=2)
-    return (isum.to(tl.float32) * xs[None, :]) * wf
+        isum = tl.sum(tl.sum(_bytes(w_lo, False) * q0 + _bytes(w_hi, False) * q1, axis=3), axis=2)
+    # isum < 36 * 32 * 2^14 < 2^24 and the correction too: exact in float32, and so is the difference
+    return ((isum.to(tl.float32) - xc[None, :]) * xs[None, :]) * wf
 
 
 @triton.jit
@@ -410,7 +427,7 @@ def _row_out(acc, acc_up, r, mb, ks, stride_part, row_pair_ptr, router_weight_pt
                 v += tl.load(b_base + offs_n).to(tl.float32)
                 up += tl.load(b_base + OUT_N + offs_n).to(tl.float32)
             v = _activate(v, up, alpha, limit, ACTIVATION, HAS_LIMIT)
-            _quantize_store(v, out_ptr + row * (OUT_N // 2), out_s_ptr + row * (OUT_N // 32), n0, OUT_N, BLOCK_N)
+            _quantize_store(v, out_ptr + row * (OUT_N // 2), out_s_ptr + row * (OUT_N // 16), n0, OUT_N, BLOCK_N)
     else:
         if HAS_BIAS:
             bias = tl.load(b_base + offs_n).to(tl.float32)
@@ -433,7 +450,7 @@ def _moe_decode_kernel(
     K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
@@ -488,32 +505,50 @@ def _moe_decode_kernel(
     up1 = tl.zeros([BLOCK_N, KB], tl.float32)
     up2 = tl.zeros([BLOCK_N, KB], tl.float32)
     up3 = tl.zeros([BLOCK_N, KB], tl.float32)
-    # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
-    g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
-    g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-    if GATED:
-        u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K)
-        u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-    for step in range(0, span, BLOCK_K):
-        k0 = kbeg + step
-        x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
-        x1, x2, x3 = x0, x0, x0  # the rows past BLOCK_M are never read
-        if BLOCK_M > 1:
-            x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
-        if BLOCK_M > 2:
-            x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
-            x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
-        gw, gs = g0w, g0s
-        g0w, g0s = g1w, g1s
-        g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-        acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
-                                             USE_ASM)
+    if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
+        for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
+            k0 = kbeg + step
+            x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
+            x1, x2, x3 = x0, x0, x0
+            if BLOCK_M > 1:
+                x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
+            if BLOCK_M > 2:
+                x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
+                x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
+            gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
+            acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
+                                                 BLOCK_M, USE_ASM)
+            if GATED:
+                uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
+                up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
+                                                 BLOCK_M, USE_ASM)
+    else:
+        # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
+        g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
+        g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
         if GATED:
-            uw, us = u0w, u0s
-            u0w, u0s = u1w, u1s
-            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-            up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
-                                             USE_ASM)
+            u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K)
+            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+        for step in range(0, span, BLOCK_K):
+            k0 = kbeg + step
+            x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
+            x1, x2, x3 = x0, x0, x0  # the rows past BLOCK_M are never read
+            if BLOCK_M > 1:
+                x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
+            if BLOCK_M > 2:
+                x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
+                x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
+            gw, gs = g0w, g0s
+            g0w, g0s = g1w, g1s
+            g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+            acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
+                                                 USE_ASM)
+            if GATED:
+                uw, us = u0w, u0s
+                u0w, u0s = u1w, u1s
+                u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+                up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
+                                                 USE_ASM)
 
     b_base = bias_ptr + expert.to(tl.int64) * stride_be
     _row_out(acc0, up0, 0, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
@@ -537,11 +572,11 @@ def _moe_decode_kernel(
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
-                num_warps: int = 4, split_k: int = 1):
+                num_warps: int = 4, split_k: int = 1, stages: int = 0):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
-    intermediate (hq int32 [max_rows, 4, out/8], hs float32 [max_rows, out/32]); else bf16 [max_rows,
+    intermediate (hq int32 [max_rows, 4, out/8], hs float32 [max_rows, 2, out/32]); else bf16 [max_rows,
     out_features] times the router weights. Rows that are padding are left unwritten.
 
     split_k > 1: K is cut into at most split_k chunks of whole BLOCK_K tiles, one program each, and the
@@ -567,7 +602,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         out_s = None
     elif activation:
         out = torch.empty(d.max_rows, 4, out_features // 8, dtype=torch.int32, device=dev)
-        out_s = torch.empty(d.max_rows, out_features // 32, dtype=torch.float32, device=dev)
+        out_s = torch.empty(d.max_rows, 2, out_features // 32, dtype=torch.float32, device=dev)
     else:
         out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=dev)
         out_s = None
@@ -585,7 +620,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        num_warps=num_warps, num_stages=1,
+        STAGES=stages, num_warps=num_warps, num_stages=1,
     )
     return (out, out_s) if plain else out
 
@@ -614,7 +649,7 @@ def _activate_partials_kernel(part_ptr, bias_ptr, hq_ptr, hs_ptr, row_pair_ptr, 
         gate += tl.load(b_base + offs, mask=mask, other=0.0).to(tl.float32)
         up += tl.load(b_base + N + offs, mask=mask, other=0.0).to(tl.float32)
     v = _activate(gate, up, alpha, limit, ACTIVATION, HAS_LIMIT)
-    _quantize_store(v, hq_ptr + row.to(tl.int64) * (N // 2), hs_ptr + row.to(tl.int64) * (N // 32), n0, N, BLOCK)
+    _quantize_store(v, hq_ptr + row.to(tl.int64) * (N // 2), hs_ptr + row.to(tl.int64) * (N // 16), n0, N, BLOCK)
 
 
 def activate_partials(part, bias, d, *, activation: int, alpha: float = 1.0, limit: float | None = None):
@@ -623,7 +658,7 @@ def activate_partials(part, bias, d, *, activation: int, alpha: float = 1.0, lim
     chunks, rows, width = part.shape
     inter = width // 2
     hq = torch.empty(rows, 4, inter // 8, dtype=torch.int32, device=part.device)
-    hs = torch.empty(rows, inter // 32, dtype=torch.float32, device=part.device)
+    hs = torch.empty(rows, 2, inter // 32, dtype=torch.float32, device=part.device)
     if rows:
         block = min(1024, triton.next_power_of_2(inter))
         _activate_partials_kernel[(rows, triton.cdiv(inter, block))](
@@ -677,7 +712,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         xq, xs = quantize_rows(x)
     act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
     alpha = activation.alpha if activation.alpha is not None else 1.0
-    tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1)
+    tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1)
     if config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -687,7 +722,8 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
                              limit=activation.limit, **tiles1)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
-                    block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2)
+                    block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
+                    stages=config.stages2)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)
@@ -716,26 +752,30 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
     kernels were faster at 64 tokens on gpt-oss-120b shapes (2.3 rows) and at 128 tokens on DeepSeek-V4
     shapes (3.2 rows), slower at 128 tokens on gpt-oss-120b (4.1 rows)).
 
-    Measured on the H200 (bench/moe_decode.py; docs/kernels.md): BLOCK_M 1 while experts see about one
-    row, else 2 (4 past 2.5 rows); few programs (1 token) want wide tiles of 8 warps (gate/up) and
-    narrow ones with K split over 8 warps (down); many programs 32 x 256 tiles of 4 warps (gate/up)
-    and 64 x 256 (down). With DAYZERO_MOE_DECODE_SPLITK=1, a gate/up GEMM of fewer than 2 programs per
-    SM (one token) is split into SPLITK_GATE_UP K chunks across programs."""
+    Measured on the H200 (bench/moe_decode.py; docs/kernels.md, 2026-12-01 sweep): BLOCK_M 1 while
+    experts see about one row, else 2 (4 past 2.5 rows). Few programs (one token: a few experts) want
+    the hand prefetch in registers (gate/up 32 x 256, 8 warps; down 16 x 1024, 8 warps: K split over
+    the warps of a program); many programs want Triton's 3-stage pipeline through shared memory (fewer
+    registers, more programs and bytes in flight per SM: 11-19% faster layers at 8-32 tokens), gate/up
+    32 x 512 at BLOCK_M 1 and 32 x 256 above, down 32 x 512 at BLOCK_M 1 and 64 x 256 above. With
+    DAYZERO_MOE_DECODE_SPLITK=1, a gate/up GEMM with few programs is split into SPLITK_GATE_UP K chunks
+    across programs."""
     top_k = max(1, num_pairs // max(1, num_tokens))
     active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
     rows = num_pairs / active
     if rows > DECODE_MAX_ROWS_PER_EXPERT:
         return None
     block_m = 1 if rows <= 1.25 else 2 if rows <= 2.5 else 4
-    if active * inter / 32 < 4 * num_sms and inter % 64 == 0:
-        n1, k1, w1 = 64, 256, 8
+    few1 = active * inter / 32 < 4 * num_sms
+    if few1:
+        n1, k1, w1, s1 = 32, 256, 8, 0
     else:
-        n1, k1, w1 = 32, 256, 4
-    if active * hidden / 64 >= 20 * num_sms and hidden % 64 == 0:
-        n2, k2, w2 = 64, 256, 4
-    elif active * hidden / 32 >= 8 * num_sms:
-        n2, k2, w2 = 32, 512, 4
-    else:  # few programs: K split over 8 warps inside each
-        n2, k2, w2 = 16, 1024, 8
-    split1 = SPLITK_GATE_UP if splitk_enabled() and active * inter / n1 < 2 * num_sms else 1
-    return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1)
+        n1, k1, w1, s1 = (32, 512, 4, 3) if block_m == 1 else (32, 256, 4, 3)
+    if active * hidden / 32 < 8 * num_sms:  # few programs: K split over 8 warps inside each
+        n2, k2, w2, s2 = 16, 1024, 8, 0
+    elif block_m > 1 and hidden % 64 == 0:
+        n2, k2, w2, s2 = 64, 256, 4, 3
+    else:
+        n2, k2, w2, s2 = 32, 512, 4, 3
+    split1 = SPLITK_GATE_UP if splitk_enabled() and few1 else 1
+    return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1, stages1=s1, stages2=s2)

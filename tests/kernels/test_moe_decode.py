@@ -40,6 +40,25 @@ def test_decode_layer_interpreted(tokens, block_m, bias, act):
 
 
 @interpreter
+@pytest.mark.parametrize("tokens,block_m,act", [(1, 1, "gpt_oss"), (3, 2, "swiglu"), (9, 4, "swiglu_limit")])
+def test_decode_layer_pipelined_interpreted(tokens, block_m, act):
+    """The software-pipelined loop (stages >= 2: weight tiles through shared memory instead of the hand
+    prefetch), with the overlapping last K tile of H = 96 in BLOCK_K 64."""
+    from dayzero.kernels.moe_decode import DecodeConfig
+
+    gen = torch.Generator().manual_seed(300 + tokens)
+    E, H, I = 6, 96, 64
+    experts = random_layer(E, H, I, gen, "cpu", True)
+    x = torch.randn(tokens, H, generator=gen).bfloat16()
+    ids, w = random_routing(tokens, E, 2, gen, "cpu")
+    config = DecodeConfig(block_m, 64, 32, 64, 64, stages1=3, stages2=2)
+    out = _run(x, ids, w, experts, ACTIVATIONS[act], config)
+    assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
+    hand = _run(x, ids, w, experts, ACTIVATIONS[act], DecodeConfig(block_m, 64, 32, 64, 64))
+    assert torch.equal(out, hand)  # the same sums in the same order
+
+
+@interpreter
 @pytest.mark.parametrize("tokens,block_m,bias,act,tiles", [
     (1, 1, True, a, (64, 32, 64, 32, 4, 4, 2, 2)) for a in ACTIVATIONS] + [
     (3, 2, False, "swiglu_limit", (32, 32, 32, 64, 4, 4, 3, 1)), (5, 4, True, "gpt_oss", (64, 32, 64, 32, 4, 4, 1, 3))])
@@ -108,9 +127,14 @@ def test_quantize_rows_interpreted():
     bound = blocks.abs().nan_to_num(0, 0, 0).amax(-1, keepdim=True) * 2.0**-14
     finite = torch.ones(3, 5, dtype=torch.bool)
     finite[2, 1] = finite[1, 3] = False
-    assert (xs.isnan() == ~finite).all()
+    assert xs.shape == (3, 2, 5)
+    assert (xs[:, 0].isnan() == ~finite).all()
     err = (back.view(3, 5, 32) - blocks).abs()
     assert (err[finite] <= bound.expand_as(blocks)[finite]).all()
+    # plane 1: 24 x each block's integer sum, read here from the bytes (little-endian) of xq
+    b = xq.view(torch.uint8).view(3, 4, 20, 4).long()
+    q = torch.where(b[:, :2] >= 128, b[:, :2] - 256, b[:, :2]) * 256 + b[:, 2:]
+    assert torch.equal(xs[:, 1], 24.0 * q.sum(dim=(1, 3)).view(3, 5, 4).sum(-1).float())
 
 
 @interpreter
@@ -142,6 +166,12 @@ def test_choose_decode_config():
     assert choose_decode_config(32, 128, 128, 2880, 2880) is not None
     assert choose_decode_config(128, 512, 128, 2880, 2880) is None  # ~4 rows per active expert: tensor cores
     assert choose_decode_config(128, 768, 256, 4096, 2048) is not None  # ~3.2
+    one = choose_decode_config(1, 4, 128, 2880, 2880)  # 360 gate/up programs: the hand prefetch
+    assert (one.stages1, one.stages2, one.block_n2, one.block_k2) == (0, 0, 16, 1024)
+    eight = choose_decode_config(8, 32, 128, 2880, 2880)  # thousands of programs: the pipelined loop
+    assert (eight.block_m, eight.stages1, eight.stages2, eight.block_k1) == (1, 3, 3, 512)
+    many = choose_decode_config(32, 128, 128, 2880, 2880)
+    assert (many.block_m, many.block_n2, many.block_k2, many.stages2) == (2, 64, 256, 3)
 
 
 @interpreter
@@ -151,7 +181,7 @@ def test_choose_decode_config_split_k(monkeypatch):
     monkeypatch.setenv(SPLITK_ENV, "0")
     assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == 1
     monkeypatch.setenv(SPLITK_ENV, "1")
-    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == SPLITK_GATE_UP  # 180 programs unsplit
+    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == SPLITK_GATE_UP  # 360 programs unsplit
     assert choose_decode_config(1, 6, 256, 4096, 2048).split_k1 == SPLITK_GATE_UP
     assert choose_decode_config(8, 32, 128, 2880, 2880).split_k1 == 1  # 2610 programs
     assert choose_decode_config(1, 4, 128, 2880, 2880).split_k2 == 1
@@ -192,7 +222,9 @@ def test_decode_nan_scale_gives_nan_cuda():
                                                   (17, 4, (32, 32, 256, 128)), (32, 4, (64, 64, 256, 256, 8, 4)),
                                                   (100, 4, (32, 32, 256, 256)),  # 100: dispatch(), not prep
                                                   (1, 1, (64, 16, 256, 1024, 8, 8, 4)),  # split K
-                                                  (8, 1, (32, 32, 256, 512, 4, 4, 3, 3))])
+                                                  (8, 1, (32, 32, 256, 512, 4, 4, 3, 3)),
+                                                  (1, 1, (32, 16, 256, 512, 4, 4, 1, 1, 4, 3)),  # pipelined
+                                                  (32, 2, (32, 64, 256, 256, 4, 4, 1, 1, 3, 3))])
 def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_layers):  # noqa: F811
     """Forced decode tiles (the PTX byte permutes and dp4a) at full model shapes."""
     from dayzero import ops
@@ -210,3 +242,30 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
     assert out.isfinite().all()
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
     assert rel_err(out, ref) < 1.5e-2
+
+
+@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "1x32x256x8"],
+                                  ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
+                                  ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])
+def test_decode_kernel_sass_for_sm90(args):
+    """Compiled for sm_90 here (Triton's bundled ptxas, no GPU; tools/sass_moe_decode.py): nothing
+    spills, the weight decode costs at most 4.5 PRMT and 4 dp4a per weight word per row (the offset
+    bytes: two permutes per four codes), and the pipelined loop copies its tiles asynchronously
+    (LDGSTS) into shared memory."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode.py"), *args], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "stack (spills) 0 B" in out, out
+    rows = int(args[args.index("--tile") + 1].split("x")[0])
+    per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
+    assert per_word["PRMT"] <= 4.5 and per_word["IDP"] == 4 * rows, out
+    assert ("LDGSTS" in per_word) == ("--stages" in args), out

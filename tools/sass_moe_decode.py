@@ -1,0 +1,101 @@
+"""Compile a decode GEMM of path A (dayzero/kernels/moe_decode.py) for sm_90 on a machine without a GPU and
+report its registers, spills and the SASS opcodes of its main loop per weight word each thread decodes.
+Costs no device time; uses the ptxas and cuobjdump that Triton's wheel bundles (see sass_moe_mma.py).
+
+    python tools/sass_moe_decode.py --k 2880 --gated --tile 1x64x256x8     # gpt-oss gate/up, one token
+    python tools/sass_moe_decode.py --k 2880 --tile 1x16x1024x8            # its down GEMM
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, do not interpret
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from tools.sass_moe_mma import loop_opcodes, tools_bin  # noqa: E402
+
+ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
+        ("out_ptr", None), ("out_s_ptr", "*fp32"), ("row_pair_ptr", "*i32"), ("block_expert_ptr", "*i32"),
+        ("router_weight_ptr", "*fp32"), ("S", "i32"), ("E", "i32"), ("stride_be", "i32"), ("stride_part", "i32"),
+        ("alpha", "fp32"), ("limit", "fp32")]
+
+
+def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0):
+    """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
+    gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
+    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop."""
+    if module is None:
+        from dayzero.kernels import moe_decode as module
+    bm, bn, bk, warps = tile
+    sig = {name: ty or ("*i32" if gated else "*bf16") for name, ty in ARGS}
+    consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, GATHER=gated, TOP_K=4,
+                  ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, K_CHUNK=0,
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), USE_ASM=True)
+    if "STAGES" in module._moe_decode_kernel.arg_names:
+        consts["STAGES"] = stages
+    elif stages:
+        raise ValueError("that version of the decode kernel has no STAGES")
+    sig.update({name: "constexpr" for name in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
+    src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
+
+
+def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int]) -> dict:
+    """Registers, spills and the main loop's opcodes; words = weight words one thread decodes per K step."""
+    bm, bn, bk, warps = tile
+    bk = min(bk, 1 << (k.bit_length() - 1))
+    cubin = Path(f"/tmp/sass_moe_decode_{os.getpid()}.cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
+    sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
+    cubin.unlink()
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
+    ops, total = loop_opcodes(sass)
+    words = (2 if gated else 1) * bn * bk // 8 / (32 * warps)
+    return dict(registers=int(regs.group(1)), stack=int(regs.group(2)), ops=ops, total=total, words=words)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--k", type=int, required=True, help="the GEMM's K (hidden for gate/up, intermediate for down)")
+    ap.add_argument("--out", type=int, default=2880, help="outputs (intermediate for gate/up, hidden for down)")
+    ap.add_argument("--gated", action="store_true", help="the gate/up GEMM (gate and up rows, activation)")
+    ap.add_argument("--tile", required=True, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPS, e.g. 1x64x256x8")
+    ap.add_argument("--stages", type=int, default=0, help="0: register prefetch; n >= 2: the pipelined loop")
+    ap.add_argument("--compare", type=Path, help="another version of moe_decode.py to report beside this one")
+    args = ap.parse_args()
+    tile = tuple(int(v) for v in args.tile.split("x"))
+    versions = [("this tree", None)]
+    if args.compare:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("moe_decode_compare", args.compare)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+        versions.append((str(args.compare), mod))
+    int_ops = ("PRMT", "LOP3", "SHF", "IADD3", "IMAD", "LEA", "ISETP", "SEL", "IDP", "I2F", "IMNMX")
+    for name, mod in versions:
+        compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages if mod is None else 0)
+        r = report(compiled, args.k, args.gated, tile)
+        per = {op: n / r["words"] for op, n in r["ops"].items()}
+        ints = sum(v for op, v in per.items() if op.startswith(int_ops))
+        print(f"{name}: shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B; "
+              f"main loop {r['total']} "
+              f"instructions per thread per K step, {r['words']:g} weight words each: "
+              f"{r['total'] / r['words']:.1f} per word ({ints:.1f} integer)")
+        print("  per word: " + ", ".join(f"{op} {v:.2f}" for op, v in sorted(per.items(), key=lambda t: -t[1])[:14]))
+
+
+if __name__ == "__main__":
+    main()
