@@ -32,6 +32,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,6 +45,7 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
     "deepseek-v4": (256, 6, 4096, 2048, Activation("swiglu", limit=10.0), False),
 }
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192)
+MULTI_LAYER_MAX_TOKENS = 128  # decode sizes: also timed as several layers in one graph, and the read floor
 
 
 def median_ms(fn, reps: int, rotate: int) -> float:
@@ -81,6 +84,52 @@ def fp8_matmul_rate() -> float:
     one = torch.ones((), device="cuda")
     ms = median_ms(lambda i: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16), 10, 1)
     return 2 * 8192**3 / (ms * 1e-3)
+
+
+@triton.jit
+def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+    """Read words [pid * ITERS * BLOCK, +ITERS * BLOCK) of src and store their sum (so the loads stay)."""
+    base = tl.program_id(0).to(tl.int64) * (ITERS * BLOCK)
+    acc = tl.zeros([BLOCK], tl.int32)
+    for i in tl.static_range(ITERS):
+        offs = base + i * BLOCK + tl.arange(0, BLOCK)
+        acc += tl.load(src_ptr + offs, mask=offs < n, other=0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
+
+
+def read_floor_us(nbytes: int, reps: int, copies: int) -> float:
+    """Median µs of one CUDA-graph replay of a single kernel that only reads `nbytes` (rotating over
+    `copies` disjoint buffers, as the layers rotate weight copies): what the same timing method gives for
+    moving the layer's weight bytes and nothing else, launch latency included."""
+    words = max(1, nbytes // 4)
+    block, iters = 4096, 2
+    grid = triton.cdiv(words, block * iters)
+    bufs = [torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32, device="cuda") for _ in range(copies)]
+    out = torch.empty(grid, dtype=torch.int32, device="cuda")
+    run = lambda s: _read_kernel[(grid,)](bufs[s], out, words, BLOCK=block, ITERS=iters, num_warps=8)  # noqa: E731
+    return graph_replay_us(run, copies, reps)
+
+
+def graph_replay_us(fn, copies: int, reps: int, per_graph: int = 1) -> float:
+    """Median µs per call of fn(copy) captured `per_graph` times in a row (copies rotating) in one CUDA
+    graph, one graph per starting copy, timed replay by replay: per_graph = 1 is one layer per replay
+    (its launch latency included), larger values are how an engine's decode graph runs many layers."""
+    graphs = []
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for s in range(copies):
+            fn(s)
+        for s in range(copies):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                for j in range(per_graph):
+                    fn((s + j) % copies)
+            graphs.append(g)
+    torch.cuda.current_stream().wait_stream(stream)
+    us = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies) / per_graph
+    del graphs
+    return us
 
 
 def random_experts(E, H, I, bias, gen) -> ExpertWeights:
@@ -131,7 +180,8 @@ def rel_err(a, b) -> float:
 
 
 def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, bw: float, flops: float, out_rows: list,
-                paths: tuple[str, ...], fp8_flops: float = 0.0, prefetch: bool = False, sweep: bool = False):
+                paths: tuple[str, ...], fp8_flops: float = 0.0, prefetch: bool = False, sweep: bool = False,
+                per_graph: int = 1):
     from dayzero.kernels.moe_bf16 import moe_experts_bf16
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -175,22 +225,18 @@ def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, b
             out = fn(x, ids, w, 0)
             row[f"err_{p}"] = rel_err(out, ref)
             row[f"eager_us_{p}"] = 1e3 * median_ms(lambda s: fn(x, ids, w, s), reps, copies)
-            graphs = []
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for s in range(copies):
-                    fn(x, ids, w, s)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, stream=stream):
-                        fn(x, ids, w, s)
-                    graphs.append(g)
-            torch.cuda.current_stream().wait_stream(stream)
-            row[f"graph_us_{p}"] = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies)
+            row[f"graph_us_{p}"] = graph_replay_us(lambda s: fn(x, ids, w, s), copies, reps)
             t = row[f"graph_us_{p}"] * 1e-6
             nbytes = distinct * (mx_bytes if p == "A" else bf_bytes)
             row[f"bw_pct_{p}"] = 100 * nbytes / t / bw
             row[f"tflops_{p}"] = 2 * T * k * params / t / 1e12
+            if per_graph > 1 and T <= MULTI_LAYER_MAX_TOKENS:
+                us = graph_replay_us(lambda s: fn(x, ids, w, s), copies, reps, per_graph)
+                row[f"graphn_us_{p}"] = us
+                row[f"graphn_bw_pct_{p}"] = 100 * nbytes / (us * 1e-6) / bw
+            if p == "A" and T <= MULTI_LAYER_MAX_TOKENS:
+                row["floor_us_A"] = read_floor_us(nbytes, reps, copies)
+                row["floor_bw_pct_A"] = 100 * nbytes / (row["floor_us_A"] * 1e-6) / bw
         if "A" in fns and "C" in fns:
             row["A_over_C"] = row["graph_us_A"] / row["graph_us_C"]
         if ws is not None:
@@ -310,6 +356,11 @@ def format_row(r: dict, paths) -> str:
                      f"{r[f'bw_pct_{p}']:5.1f}% BW {r[f'tflops_{p}']:6.1f} TF err {r[f'err_{p}']:.1e}")
     if "A_over_C" in r:
         parts.append(f"A/C {r['A_over_C']:.2f}")
+    for p in paths:
+        if f"graphn_us_{p}" in r:
+            parts.append(f"{p} in a multi-layer graph {r[f'graphn_us_{p}']:.1f} us/layer ({r[f'graphn_bw_pct_{p}']:.1f}% BW)")
+    if "floor_us_A" in r:
+        parts.append(f"read floor of A's bytes {r['floor_us_A']:.1f} us ({r['floor_bw_pct_A']:.1f}% BW)")
     return " | ".join(parts)
 
 
@@ -332,6 +383,26 @@ def markdown(rows, bw, flops, paths) -> str:
     return "\n".join(lines)
 
 
+def markdown_decode(rows, paths, per_graph: int) -> str:
+    """Decode sizes: one layer per graph replay, `per_graph` layers per replay (per layer), and the read
+    floor of path A's bytes (a kernel that only reads them, one per replay)."""
+    head = ["model", "T"]
+    for p in paths:
+        head += [f"{p} graph µs (1 layer)", f"{p} µs/layer ({per_graph} per graph)", f"{p} % copy BW ({per_graph} per graph)"]
+    head += ["read floor µs (A's bytes, 1 kernel)", "floor % copy BW"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "floor_us_A" not in r and not any(f"graphn_us_{p}" in r for p in paths):
+            continue
+        cells = [r["model"], str(r["tokens"])]
+        for p in paths:
+            cells += [f"{r[f'graph_us_{p}']:.1f}", f"{r.get(f'graphn_us_{p}', float('nan')):.1f}",
+                      f"{r.get(f'graphn_bw_pct_{p}', float('nan')):.1f}%"]
+        cells += [f"{r.get('floor_us_A', float('nan')):.1f}", f"{r.get('floor_bw_pct_A', float('nan')):.1f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -342,6 +413,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--copies", type=int, default=3, help="weight copies rotated per call (total must exceed L2)")
     ap.add_argument("--json", type=Path, help="write the raw rows here")
+    ap.add_argument("--layers-per-graph", type=int, default=8,
+                    help=f"up to {MULTI_LAYER_MAX_TOKENS} tokens: also time this many layer calls in one graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/moe.py needs a CUDA device")
@@ -356,11 +429,13 @@ def main() -> None:
     rows: list[dict] = []
     for name in args.models:
         bench_model(name, args.tokens, args.reps, args.copies, props.L2_cache_size, bw, flops, rows, paths, fp8_flops,
-                    args.prefetch, args.b_sweep)
+                    args.prefetch, args.b_sweep, args.layers_per_graph)
         torch.cuda.empty_cache()
     table_paths = tuple(p for p in paths if p != "B")
     if table_paths:
         print("\n" + markdown(rows, bw, flops, table_paths))
+        if any("floor_us_A" in r or any(f"graphn_us_{p}" in r for p in table_paths) for r in rows):
+            print("\n" + markdown_decode(rows, table_paths, args.layers_per_graph))
     if "B" in paths:
         print("\n" + markdown_b(rows))
     if args.json:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from bench.moe import MODELS, copy_bandwidth, median_ms, random_experts  # noqa:
 from dayzero.ops.moe import ExpertWeights  # noqa: E402
 
 TOKENS = (1, 8, 32)
-EXTRA_TOKENS = (64, 128)  # layer only: decode kernels vs the tensor-core kernel
+EXTRA_TOKENS = (64, 128, 256)  # layer only: decode kernels (4-row blocks past 3.5 rows) vs the tensor-core kernel
 BLOCK_MS = {1: (1,), 8: (1, 2, 4), 32: (1, 2, 4)}
 # (BLOCK_N, BLOCK_K, warps); BLOCK_N * BLOCK_K / 32 >= 32 * warps keeps at least one 32-value block per
 # thread. Wide BLOCK_K with many warps splits K inside a program (fewer serial steps per program).
@@ -37,9 +38,10 @@ GEMM2_TILES = [(16, 256, 4), (16, 512, 4), (16, 512, 8), (16, 1024, 8), (16, 102
                (32, 512, 4), (32, 1024, 16), (64, 128, 4), (64, 256, 4), (64, 256, 8), (64, 512, 8)]
 
 
-def tiles_arg(text: str) -> list[tuple[int, int, int]]:
-    """'32x256x4,64x256x8' -> [(32, 256, 4), (64, 256, 8)]"""
-    return [tuple(int(v) for v in t.split("x")) for t in text.split(",")]
+def tiles_arg(text: str) -> list[tuple[int, int, int, int]]:
+    """'32x256x4,64x256x8x3' -> [(32, 256, 4, 0), (64, 256, 8, 3)]: BLOCK_N x BLOCK_K x warps [x stages,
+    0 = the hand prefetch]"""
+    return [(tuple(int(v) for v in t.split("x")) + (0,))[:4] for t in text.split(",")]
 
 
 def words(e: ExpertWeights):
@@ -86,7 +88,8 @@ def _compile_one(job) -> None:
     from dayzero.kernels.moe_decode import decode_gemm, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch
 
-    model, bm, which, (bn, bk, nw) = job
+    model, bm, which, tile = job
+    bn, bk, nw, st = (tuple(tile) + (0,))[:4]
     E, k, H, I, act, bias = MODELS[model]
     gen = torch.Generator(device="cuda").manual_seed(0)
     e = random_experts(2, H, I, bias, gen)
@@ -97,12 +100,13 @@ def _compile_one(job) -> None:
         x = torch.randn(2, H, device="cuda").bfloat16()
         xq, xs = quantize_rows(x)
         decode_gemm(xq, xs, w13, s13, e.b13, d, out_features=I, gather=True, activation=_act(act),
-                    alpha=act.alpha or 1.0, limit=act.limit, block_n=bn, block_k=bk, num_warps=nw)
+                    alpha=act.alpha or 1.0, limit=act.limit, block_n=bn, block_k=bk, num_warps=nw, stages=st)
     else:
         hq = torch.zeros(d.max_rows, 4, I // 8, dtype=torch.int32, device="cuda")
-        hs = torch.zeros(d.max_rows, I // 32, device="cuda")
+        hs = torch.zeros(d.max_rows, 2, I // 32, device="cuda")
         decode_gemm(hq, hs, w2, s2, e.b2, d, out_features=H, gather=False,
-                    router_weights=torch.ones(ids.numel(), device="cuda"), block_n=bn, block_k=bk, num_warps=nw)
+                    router_weights=torch.ones(ids.numel(), device="cuda"), block_n=bn, block_k=bk, num_warps=nw,
+                    stages=st)
     torch.cuda.synchronize()
 
 
@@ -112,7 +116,7 @@ def _act(act) -> int:
     return ACT_SWIGLU if act.kind == "swiglu" else ACT_SWIGLU_CLAMPED
 
 
-def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list) -> None:
+def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False) -> None:
     from dayzero.kernels.moe_decode import DecodeConfig, choose_decode_config, decode_gemm, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch
     from dayzero.kernels.moe_gemm import choose_config
@@ -124,7 +128,7 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list) -> Non
                                    base.b13, base.b2) for _ in range(copies - 1)]
     ws = [words(e) for e in sets]
     mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731  MXFP4 bytes of one expert's [n, kk] matrix
-    for T in TOKENS:
+    for T in TOKENS if not extra_only else ():
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
@@ -136,17 +140,19 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list) -> Non
             d = dispatch(ids, E, bm)
             g1 = lambda s, t: decode_gemm(xq, xs, ws[s][0], ws[s][1], base.b13, d, out_features=I, gather=True,  # noqa: E731
                                           activation=_act(act), alpha=act.alpha or 1.0, limit=act.limit,
-                                          block_n=t[0], block_k=t[1], num_warps=t[2])
+                                          block_n=t[0], block_k=t[1], num_warps=t[2], stages=(t + (0,))[3])
             hq, hs = g1(0, GEMM1_TILES[0])
             g2 = lambda s, t: decode_gemm(hq, hs, ws[s][2], ws[s][3], base.b2, d, out_features=H, gather=False,  # noqa: E731
-                                          router_weights=rw.view(-1), block_n=t[0], block_k=t[1], num_warps=t[2])
+                                          router_weights=rw.view(-1), block_n=t[0], block_k=t[1], num_warps=t[2],
+                                          stages=(t + (0,))[3])
             for which, tiles, fn, nbytes in ((1, GEMM1_TILES, g1, b1), (2, GEMM2_TILES, g2, b2)):
                 for t in tiles:
                     us = graph_us(lambda s: fn(s, t), copies, reps)
                     pct = 100 * nbytes / (us * 1e-6) / bw
+                    st = (t + (0,))[3]
                     rows.append({"model": name, "tokens": T, "gemm": which, "block_m": bm, "block_n": t[0],
-                                 "block_k": t[1], "num_warps": t[2], "us": us, "bw_pct": pct})
-                    print(f"{name:>13} T={T:>3} gemm{which} bm={bm} bn={t[0]:>3} bk={t[1]} w={t[2]}: "
+                                 "block_k": t[1], "num_warps": t[2], "stages": st, "us": us, "bw_pct": pct})
+                    print(f"{name:>13} T={T:>3} gemm{which} bm={bm} bn={t[0]:>3} bk={t[1]} w={t[2]} st={st}: "
                           f"{us:8.1f} us {pct:5.1f}% copy BW", flush=True)
                     key = (bm, which)
                     if key not in best or us < best[key][0]:
@@ -156,7 +162,8 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list) -> Non
         pairs = T * k
         layers = {
             "default": choose_decode_config(T, pairs, E, H, I),
-            "best": DecodeConfig(bm_best, t1[0], t2[0], t1[1], t2[1], t1[2], t2[2]),
+            "best": DecodeConfig(bm_best, t1[0], t2[0], t1[1], t2[1], t1[2], t2[2],
+                                 stages1=(t1 + (0,))[3], stages2=(t2 + (0,))[3]),
             "tensor-core": (choose_config(pairs, E, I, True, True), choose_config(pairs, E, H, True, False)),
         }
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct, rows)
@@ -166,7 +173,8 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list) -> Non
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
         distinct = int(torch.unique(ids).numel())
-        layers = {"decode": choose_decode_config(T, T * k, E, H, I) or DecodeConfig(4, 32, 64),
+        layers = {"decode": choose_decode_config(T, T * k, E, H, I) or DecodeConfig(4, 32, 64, 256, 256, 4, 4,
+                                                                                    stages1=3, stages2=3),
                   "tensor-core": (choose_config(T * k, E, I, True, True), choose_config(T * k, E, H, True, False))}
         nbytes = distinct * (mx(2 * I, H) + mx(H, I))
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows)
@@ -183,6 +191,52 @@ def layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes,
         print(f"{name:>13} T={T:>3} layer {label:>11}: {us:8.1f} us {pct:5.1f}% copy BW  {cfg}", flush=True)
 
 
+def profile_model(name: str, reps: int, copies: int) -> None:
+    """GPU time of each kernel of the default decode layer (torch.profiler / CUPTI) at 1, 8 and 32 tokens,
+    called eagerly and as CUDA-graph replays; for the replays also the span from the first kernel's start
+    to the last one's end, against the event-timed replay (the difference is launch latency)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.moe import graph_replay_us
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    E, k, H, I, act, bias = MODELS[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = random_experts(E, H, I, bias, gen)
+    sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
+                                   base.b13, base.b2) for _ in range(copies - 1)]
+    for T in TOKENS:
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
+        fn = lambda s: moe_experts_mxfp4(x, ids, rw, sets[s], act, path="a")  # noqa: E731
+        graphs = []
+        for s in range(copies):
+            fn(s)
+        torch.cuda.synchronize()
+        for s in range(copies):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn(s)
+            graphs.append(g)
+        event_us = graph_replay_us(fn, copies, reps)
+        for mode, call in (("eager", fn), ("graph", lambda s: graphs[s].replay())):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for i in range(reps * copies):
+                    call(i % copies)
+                    torch.cuda.synchronize()
+            kernels = sorted((e for e in prof.events() if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+            n = len(kernels) // (reps * copies)
+            calls = [kernels[i * n:(i + 1) * n] for i in range(reps * copies)]
+            per = [statistics.median(c[j].time_range.elapsed_us() for c in calls) for j in range(n)]
+            span = statistics.median(c[-1].time_range.end - c[0].time_range.start for c in calls)
+            names = [kernels[j].name.split("(")[0][:28] for j in range(n)]
+            print(f"{name:>13} T={T:>3} {mode}: " + ", ".join(f"{nm} {us:.1f}" for nm, us in zip(names, per)) +
+                  f" | sum {sum(per):.1f} us, first start to last end {span:.1f} us" +
+                  (f", event-timed replay {event_us:.1f} us" if mode == "graph" else ""), flush=True)
+        del graphs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -193,6 +247,8 @@ def main() -> None:
     ap.add_argument("--gemm1-tiles", type=tiles_arg, help="BNxBKxWARPS,... (default: the grid above)")
     ap.add_argument("--gemm2-tiles", type=tiles_arg)
     ap.add_argument("--block-m", type=int, nargs="+", help="BLOCK_M values for every token count > 1")
+    ap.add_argument("--profile", action="store_true", help="only the per-kernel GPU times of the default layer")
+    ap.add_argument("--extra-only", action="store_true", help=f"only the layers at {EXTRA_TOKENS} tokens")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
     GEMM1_TILES = args.gemm1_tiles or GEMM1_TILES
@@ -205,11 +261,15 @@ def main() -> None:
     if args.precompile:
         precompile(args.precompile)
         return
+    if args.profile:
+        for name in args.models:
+            profile_model(name, args.reps, args.copies)
+        return
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        sweep_model(name, args.reps, args.copies, bw, rows)
+        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only)
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps({"copy_bytes_per_s": bw, "rows": rows}, indent=1))
