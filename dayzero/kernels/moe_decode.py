@@ -36,11 +36,11 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   order, so results are deterministic (they differ from the unsplit kernels by float32 rounding).
 
 Where this stands on the H200 (docs/kernels.md has the numbers): 2-3x faster than the tensor-core
-kernel at 1-32 tokens; 37-46% of copy bandwidth at one token (a pure read of the same bytes reaches
-57-73% with the same timing), 60-83% at 8-32 tokens. Latency-bound, not instruction-bound: the offset
+kernel at 1-32 tokens; 39-52% of copy bandwidth at one token (8 layers per CUDA graph; a pure read
+of the same bytes reaches 57-79% in one replay), 60-83% at 8-32 tokens. Latency-bound, not instruction-bound: the offset
 bytes cut the integer work per weight word from 16 to 9 instructions and gained 0-11%; the pipelined
 loop (STAGES >= 2: tiles through shared memory, fewer registers, more programs in flight) gained
-10-25% wherever there are many programs.
+10-25% at 8-128 tokens and, with 8-warp 32 x 512 tiles, 10-14% at one token.
 
 Layouts (all contiguous):
     xq   int32 [R, 4, K/8]   quantized activation rows; word g of plane p holds 4 bytes for
@@ -729,12 +729,22 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     return combine(y, d, T, x.dtype)
 
 
-SPLITK_ENV = "DAYZERO_MOE_DECODE_SPLITK"  # "1": split K of the gate/up GEMM where it has few programs
-SPLITK_GATE_UP = 4  # K chunks of the gate/up GEMM when split
+SPLITK_ENV = "DAYZERO_MOE_DECODE_SPLITK"  # "1" (or a chunk count >= 2): split K of a gate/up GEMM with few programs
+SPLITK_GATE_UP = 4  # K chunks of the gate/up GEMM when split with "1"
 
 
-def splitk_enabled() -> bool:
-    return os.environ.get(SPLITK_ENV, "0") == "1"
+def splitk_chunks() -> int:
+    """The gate/up K chunks DAYZERO_MOE_DECODE_SPLITK asks for: 1 (unset, "0": no split), SPLITK_GATE_UP
+    for "1", or the count it gives."""
+    value = os.environ.get(SPLITK_ENV, "0").strip()
+    if value in ("", "0"):
+        return 1
+    if value == "1":
+        return SPLITK_GATE_UP
+    if not value.isdigit():
+        raise ValueError(f"{SPLITK_ENV} must be 0, 1 or a number of K chunks, got {value!r}")
+    return int(value)
+
 
 
 DECODE_MAX_ROWS_PER_EXPERT = 3.5  # expected pairs per active expert up to which the decode kernels run
@@ -752,14 +762,14 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
     kernels were faster at 64 tokens on gpt-oss-120b shapes (2.3 rows) and at 128 tokens on DeepSeek-V4
     shapes (3.2 rows), slower at 128 tokens on gpt-oss-120b (4.1 rows)).
 
-    Measured on the H200 (bench/moe_decode.py; docs/kernels.md, 2026-12-01 sweep): BLOCK_M 1 while
-    experts see about one row, else 2 (4 past 2.5 rows). Few programs (one token: a few experts) want
-    the hand prefetch in registers (gate/up 32 x 256, 8 warps; down 16 x 1024, 8 warps: K split over
-    the warps of a program); many programs want Triton's 3-stage pipeline through shared memory (fewer
-    registers, more programs and bytes in flight per SM: 11-19% faster layers at 8-32 tokens), gate/up
-    32 x 512 at BLOCK_M 1 and 32 x 256 above, down 32 x 512 at BLOCK_M 1 and 64 x 256 above. With
-    DAYZERO_MOE_DECODE_SPLITK=1, a gate/up GEMM with few programs is split into SPLITK_GATE_UP K chunks
-    across programs."""
+    Measured on the H200 (bench/moe_decode.py; docs/kernels.md, 2026-12-01 sweeps): BLOCK_M 1 while
+    experts see about one row, else 2 (4 past 2.5 rows); Triton's 3-stage pipeline through shared
+    memory everywhere (fewer registers, more programs and bytes in flight per SM: 4-6% faster layers
+    at one token, 11-19% at 8-32 tokens than the register prefetch); gate/up 32 x 512 tiles of 8 warps
+    where the GEMM has few programs (one token), else 32 x 512 (BLOCK_M 1) or 32 x 256 (above) of 4
+    warps; down 32 x 512 at BLOCK_M 1 and 64 x 256 above. With DAYZERO_MOE_DECODE_SPLITK=1 (or =N), a
+    gate/up GEMM with few programs is split into SPLITK_GATE_UP (or N) K chunks across programs
+    (measured no faster at 4-16 chunks)."""
     top_k = max(1, num_pairs // max(1, num_tokens))
     active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
     rows = num_pairs / active
@@ -767,15 +777,14 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
         return None
     block_m = 1 if rows <= 1.25 else 2 if rows <= 2.5 else 4
     few1 = active * inter / 32 < 4 * num_sms
-    if few1:
-        n1, k1, w1, s1 = 32, 256, 8, 0
+    if few1:  # one token: K split over the 8 warps of a program
+        n1, k1, w1 = 32, 512, 8
     else:
-        n1, k1, w1, s1 = (32, 512, 4, 3) if block_m == 1 else (32, 256, 4, 3)
-    if active * hidden / 32 < 8 * num_sms:  # few programs: K split over 8 warps inside each
-        n2, k2, w2, s2 = 16, 1024, 8, 0
-    elif block_m > 1 and hidden % 64 == 0:
-        n2, k2, w2, s2 = 64, 256, 4, 3
+        n1, k1, w1 = (32, 512, 4) if block_m == 1 else (32, 256, 4)
+    if block_m > 1 and hidden % 64 == 0:
+        n2, k2, w2 = 64, 256, 4
     else:
-        n2, k2, w2, s2 = 32, 512, 4, 3
-    split1 = SPLITK_GATE_UP if splitk_enabled() and few1 else 1
+        n2, k2, w2 = 32, 512, 4
+    s1 = s2 = 3
+    split1 = splitk_chunks() if few1 else 1
     return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1, stages1=s1, stages2=s2)

@@ -61,7 +61,8 @@ def test_decode_layer_pipelined_interpreted(tokens, block_m, act):
 @interpreter
 @pytest.mark.parametrize("tokens,block_m,bias,act,tiles", [
     (1, 1, True, a, (64, 32, 64, 32, 4, 4, 2, 2)) for a in ACTIVATIONS] + [
-    (3, 2, False, "swiglu_limit", (32, 32, 32, 64, 4, 4, 3, 1)), (5, 4, True, "gpt_oss", (64, 32, 64, 32, 4, 4, 1, 3))])
+    (3, 2, False, "swiglu_limit", (32, 32, 32, 64, 4, 4, 3, 1)), (5, 4, True, "gpt_oss", (64, 32, 64, 32, 4, 4, 1, 3)),
+    (1, 1, True, "gpt_oss", (64, 32, 32, 32, 4, 4, 2, 2, 3, 2))])  # split and pipelined
 def test_decode_layer_split_k_interpreted(tokens, block_m, bias, act, tiles):
     """Split-K (partial sums per K chunk, activate_partials / combine_partials). Gate/up K = 96 in
     BLOCK_K 64 chunks: the last chunk is shorter than a tile (read overlapping the one before); 32-wide
@@ -166,8 +167,8 @@ def test_choose_decode_config():
     assert choose_decode_config(32, 128, 128, 2880, 2880) is not None
     assert choose_decode_config(128, 512, 128, 2880, 2880) is None  # ~4 rows per active expert: tensor cores
     assert choose_decode_config(128, 768, 256, 4096, 2048) is not None  # ~3.2
-    one = choose_decode_config(1, 4, 128, 2880, 2880)  # 360 gate/up programs: the hand prefetch
-    assert (one.stages1, one.stages2, one.block_n2, one.block_k2) == (0, 0, 16, 1024)
+    one = choose_decode_config(1, 4, 128, 2880, 2880)  # 360 gate/up programs: K over 8 warps
+    assert (one.block_n1, one.block_k1, one.num_warps1, one.stages1, one.block_k2) == (32, 512, 8, 3, 512)
     eight = choose_decode_config(8, 32, 128, 2880, 2880)  # thousands of programs: the pipelined loop
     assert (eight.block_m, eight.stages1, eight.stages2, eight.block_k1) == (1, 3, 3, 512)
     many = choose_decode_config(32, 128, 128, 2880, 2880)
@@ -185,6 +186,11 @@ def test_choose_decode_config_split_k(monkeypatch):
     assert choose_decode_config(1, 6, 256, 4096, 2048).split_k1 == SPLITK_GATE_UP
     assert choose_decode_config(8, 32, 128, 2880, 2880).split_k1 == 1  # 2610 programs
     assert choose_decode_config(1, 4, 128, 2880, 2880).split_k2 == 1
+    monkeypatch.setenv(SPLITK_ENV, "8")
+    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == 8
+    monkeypatch.setenv(SPLITK_ENV, "yes")
+    with pytest.raises(ValueError, match=SPLITK_ENV):
+        choose_decode_config(1, 4, 128, 2880, 2880)
 
 
 # -- CUDA, full model shapes --------------------------------------------------------------------
