@@ -345,6 +345,20 @@ def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: 
 
 
 @triton.jit
+def _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K: tl.constexpr, BLOCK_K: tl.constexpr,
+               BLOCK_M: tl.constexpr):
+    """_load_row for the (up to 4) rows of a block; rows past BLOCK_M are copies of row 0, never read."""
+    x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
+    x1, x2, x3 = x0, x0, x0
+    if BLOCK_M > 1:
+        x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
+    if BLOCK_M > 2:
+        x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
+        x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
+    return x0, x1, x2, x3
+
+
+@triton.jit
 def _split4(v):
     """[A, B, 4] -> the four [A, B] slices along the last dimension (held by one thread: no data movement)."""
     a, b = tl.split(tl.reshape(v, [v.shape[0], v.shape[1], 2, 2]))
@@ -508,13 +522,7 @@ def _moe_decode_kernel(
     if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
         for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
             k0 = kbeg + step
-            x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
-            x1, x2, x3 = x0, x0, x0
-            if BLOCK_M > 1:
-                x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
-            if BLOCK_M > 2:
-                x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
-                x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
+            x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
             gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
             acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
                                                  BLOCK_M, USE_ASM)
@@ -531,13 +539,7 @@ def _moe_decode_kernel(
             u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
         for step in range(0, span, BLOCK_K):
             k0 = kbeg + step
-            x0 = _load_row(xq_ptr, xs_ptr, a0, k0, kend, True, K, BLOCK_K)
-            x1, x2, x3 = x0, x0, x0  # the rows past BLOCK_M are never read
-            if BLOCK_M > 1:
-                x1 = _load_row(xq_ptr, xs_ptr, a1, k0, kend, nrows > 1, K, BLOCK_K)
-            if BLOCK_M > 2:
-                x2 = _load_row(xq_ptr, xs_ptr, a2, k0, kend, nrows > 2, K, BLOCK_K)
-                x3 = _load_row(xq_ptr, xs_ptr, a3, k0, kend, nrows > 3, K, BLOCK_K)
+            x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
             gw, gs = g0w, g0s
             g0w, g0s = g1w, g1s
             g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)

@@ -123,6 +123,15 @@ def _mxfp4_decode(words, scale, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IN
 
 
 @triton.jit
+def _act_tile(a_base, offs_k, row_valid, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Activation rows [BLOCK_M, BLOCK_K] at columns offs_k (a_base: per-row pointers [BLOCK_M, 1]);
+    zero for invalid rows and past K."""
+    if EVEN_K:
+        return tl.load(a_base + offs_k[None, :], mask=row_valid[:, None], other=0.0)
+    return tl.load(a_base + offs_k[None, :], mask=row_valid[:, None] & (offs_k < K)[None, :], other=0.0)
+
+
+@triton.jit
 def _bf16_tile(w_ptr, offs_n, n_mask, k0, K: tl.constexpr, stride_wn, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                INTERPRET: tl.constexpr):
     offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -206,10 +215,7 @@ def _moe_gemm_kernel(
             u1w, u1s = _mxfp4_load(w_base, s_base, offs_up, n_mask, BLOCK_K, K, stride_wn, stride_sn, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            a = tl.load(a_base + offs_k[None, :], mask=row_valid[:, None], other=0.0)
-        else:
-            a = tl.load(a_base + offs_k[None, :], mask=row_valid[:, None] & (offs_k < K)[None, :], other=0.0)
+        a = _act_tile(a_base, offs_k, row_valid, K, EVEN_K)
         a_t = tl.trans(a)
         if INTERPRET:
             a_t = a_t.to(tl.float32)

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.moe_gemm import _activate, _block_rows, _mxfp4_decode, _mxfp4_load, interpreting
+from dayzero.kernels.moe_gemm import _act_tile, _activate, _block_rows, _mxfp4_decode, _mxfp4_load, interpreting
 
 WFMT_BF16, WFMT_MXFP4, WFMT_SCALED = 0, 1, 2
 
@@ -132,10 +132,7 @@ def _moe_mma_body(
             uw, us = _mxfp4_load(w_base, s_base, ld_up, ld_n >= 0, 0, K, stride_wn, stride_sn, BLOCK_K)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            a = tl.load(a_base + offs_k[None, :], mask=row_valid[:, None], other=0.0)
-        else:
-            a = tl.load(a_base + offs_k[None, :], mask=row_valid[:, None] & (offs_k < K)[None, :], other=0.0)
+        a = _act_tile(a_base, offs_k, row_valid, K, EVEN_K)
         if INTERPRET:
             a = a.to(tl.float32)
         if HAND:
