@@ -91,18 +91,24 @@ def main() -> None:
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
     compiled = compile_variant(args.k, args.mxfp4, args.gated, tile, args.stride_aligned)
-    cubin = Path("/tmp/sass_moe_mma.cubin")
+    report(compiled, loop_opcodes, args.dump, 16)
+
+
+def report(compiled, loop_ops, dump: Path | None, top: int) -> None:
+    """Print shared memory, registers, spills and the opcodes of the loop `loop_ops` picks from the SASS
+    of a compiled kernel (its cubin disassembled with the bundled cuobjdump); dump: also write the SASS."""
+    cubin = Path(f"/tmp/sass_{os.getpid()}.cubin")
     cubin.write_bytes(compiled.asm["cubin"])
     usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
     sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
-    if args.dump:
-        args.dump.write_text(sass)
+    cubin.unlink()
+    if dump:
+        dump.write_text(sass)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
-    ops, total = loop_opcodes(sass)
+    ops, total = loop_ops(sass)
     print(f"shared {compiled.metadata.shared} B, registers {regs.group(1) if regs else '?'}, "
           f"stack (spills) {regs.group(2) if regs else '?'} B; main loop {total} instructions per thread per K step")
-    print("  " + ", ".join(f"{op} {n}" for op, n in ops.most_common(16)))
-
+    print("  " + ", ".join(f"{op} {n}" for op, n in ops.most_common(top)))
 
 if __name__ == "__main__":
     main()

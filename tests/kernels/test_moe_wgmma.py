@@ -1,0 +1,165 @@
+"""The Gluon prefill kernel (moe_wgmma): its column permutation and activation gather on CPU (the gather
+under the interpreter), its sm_90 compilation on CPU (the upcast lands in the wgmma operand layout
+without data movement, nothing spills), and on CUDA the whole layer at both model shapes against the
+exact float32 layer and the reference op."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference
+from tests.kernels.conftest import cuda, interpreter
+from tests.kernels.moe_inputs import exact, random_layer, random_mxfp4, random_routing, rel_err
+
+GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _store_column(n: torch.Tensor) -> torch.Tensor:
+    """The kernel's PERMUTE_OUT formula (logical column of physical column n), written out again."""
+    nl = n % 64
+    return (n - nl) + (nl >> 2) % 2 + 2 * ((nl >> 4) % 2) + 4 * (nl >> 5) + 8 * (nl % 2) + 16 * ((nl >> 1) % 2) \
+        + 32 * ((nl >> 3) % 2)
+
+
+def test_physical_columns_is_a_permutation_inverted_by_the_store():
+    from dayzero.kernels.moe_wgmma import physical_columns
+
+    phys = physical_columns()
+    assert sorted(phys.tolist()) == list(range(64))
+    assert torch.equal(_store_column(phys), torch.arange(64))  # h stored at the column its value is read from
+    # the 32-block of a logical column is bit 2 of it, its word bits 1 and 5: a thread (lane % 4 = bits 1, 2)
+    # reads one E8M0 byte per row and two consecutive words
+    kl = torch.arange(64)
+    assert torch.equal(phys // 32, (kl >> 2) & 1)
+
+
+@interpreter
+@pytest.mark.parametrize("K,block_m,gather", [(96, 16, True), (64, 32, False), (160, 16, True)])
+def test_gather_permute_interpreted(K, block_m, gather):
+    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe_wgmma import gather_permute, physical_columns
+
+    gen = torch.Generator().manual_seed(K + block_m)
+    T, E, k = 13, 5, 2
+    ids, _ = random_routing(T, E, k, gen, "cpu")
+    d = dispatch(ids, E, block_m)
+    x = torch.randn(T if gather else d.max_rows, K, generator=gen).bfloat16()
+    out = gather_permute(x, d, gather=gather)
+    kp = (K + 63) // 64 * 64
+    assert out.shape == (d.max_rows, kp)
+    src = torch.cat([x.float(), torch.zeros(x.shape[0], kp - K)], 1)
+    cols = torch.cat([b * 64 + physical_columns() for b in range(kp // 64)])
+    valid = d.row_pair < d.pair_row.shape[0]  # padding rows are left unwritten
+    rows = (d.row_pair[valid] // k) if gather else torch.nonzero(valid).flatten()
+    assert torch.equal(out[valid].float(), src[rows][:, cols])  # zeros past K (they meet zero weights)
+
+
+def test_choose_wgmma_config_rule():
+    from dayzero.kernels.moe_wgmma import available, choose_wgmma_config
+
+    assert choose_wgmma_config(32 * 4, 128) is None            # decode sizes stay on moe_decode / moe_gemm
+    assert choose_wgmma_config(512 * 4, 128).block_t == 64      # 16 rows per expert
+    assert choose_wgmma_config(8192 * 4, 128).block_t >= 128    # 256 rows per expert
+    assert not available(torch.zeros(1))                         # CPU tensors: moe_mma / the interpreter
+    from dayzero.kernels.moe_wgmma import WgmmaConfig
+
+    for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1)):
+        with pytest.raises(ValueError, match="WgmmaConfig"):
+            WgmmaConfig(**bad)
+
+
+@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
+                                  ["--k", "4096", "--gated", "--bt", "64", "--low"],
+                                  ["--k", "2880", "--gated", "--bt", "128", "--low", "--a-smem"]])
+def test_wgmma_kernel_compiles_for_sm90(args):
+    """Compiled for sm_90 on this machine (no GPU): the upcast's layout conversion is trivial (the
+    kernel asserts it at compile time), the main loop issues HGMMA with its A operand from registers
+    and reads no shared memory by hand, nothing spills."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_moe_wgmma.py"), *args], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = run.stdout
+    assert "stack (spills) 0 B" in out and "HGMMA" in out, out
+    assert "LDS" not in out.split("main loop", 1)[1], out
+
+
+def _wgmma_layer(x, ids, w, experts, act, block_t, stages=4, high=True, a_smem=False):
+    from dayzero.kernels.moe_wgmma import WgmmaConfig, moe_layer_wgmma
+
+    E, n13, H = experts.w13.shape[0], experts.w13.shape[1], x.shape[1]
+    w13 = experts.w13.view(torch.int32).view(E, n13, H // 8)
+    w2 = experts.w2.view(torch.int32).view(E, H, n13 // 16)
+    return moe_layer_wgmma(x, ids, w, w13, experts.w13_scale, w2, experts.w2_scale, experts.b13, experts.b2, act,
+                           inter=n13 // 2, config=WgmmaConfig(block_t, stages, a_smem=a_smem), high_scales=high)
+
+
+MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
+    "gpt-oss-120b": (128, 4, 2880, 2880, GPT_OSS, True),
+    "deepseek-v4": (256, 6, 4096, 2048, Activation("swiglu", limit=10.0), False),
+}
+
+
+@cuda
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("tokens,block_t,stages,a_smem", [(300, 64, 4, False), (2048, 128, 4, False), (8192, 128, 3, False),
+                                                          (8192, 256, 3, False), (2048, 64, 4, True),
+                                                          (8192, 128, 4, True), (8192, 256, 3, True)])
+def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, a_smem):
+    E, k, H, I, act, bias = MODELS[model]
+    gen = torch.Generator().manual_seed(tokens + block_t + len(model))
+    experts = random_layer(E, H, I, gen, "cuda", bias)
+    x = torch.randn(tokens, H, generator=gen).bfloat16().cuda()
+    ids, w = random_routing(tokens, E, k, gen, "cuda")
+    out = _wgmma_layer(x, ids, w, experts, act, block_t, stages, a_smem=a_smem)
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape and torch.isfinite(out).all()
+    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
+    low = _wgmma_layer(x, ids, w, experts, act, block_t, stages, high=False, a_smem=a_smem)  # one multiply
+    assert torch.equal(low, out)
+
+
+@cuda
+@pytest.mark.parametrize("a_smem", [False, True])
+@pytest.mark.parametrize("act", [Activation("swiglu"), Activation("swiglu", limit=1.5), GPT_OSS])
+def test_wgmma_layer_small_shapes_cuda(act, a_smem):
+    """Masked K tails (H = 96, I = 160: neither a multiple of 64), an N tail in both GEMMs, scale bytes
+    above 128 (the second multiply), a few rows per expert; against the reference op too."""
+    gen = torch.Generator().manual_seed(7)
+    E, H, I, T, k = 6, 96, 160, 70, 2
+    w13, s13 = random_mxfp4((E, 2 * I), H, gen, "cuda", scale_range=(110, 135))
+    w2, s2 = random_mxfp4((E, H), I, gen, "cuda", scale_range=(100, 130))
+    b13 = (torch.randn(E, 2 * I, generator=gen) * 0.5).cuda().bfloat16()
+    b2 = (torch.randn(E, H, generator=gen) * 0.5).cuda().bfloat16()
+    experts = ExpertWeights("mxfp4", w13, w2, s13, s2, b13, b2)
+    x = (torch.randn(T, H, generator=gen) * 2 ** -6).bfloat16().cuda()
+    ids, w = random_routing(T, E, k, gen, "cuda")
+    out = _wgmma_layer(x, ids, w, experts, act, 64, a_smem=a_smem)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
+    assert rel_err(out, _experts_reference(x, ids, w, experts, act)) < 1.5e-2
+
+
+@cuda
+def test_moe_layer_picks_wgmma_on_hopper_cuda():
+    """moe_experts_mxfp4 at prefill sizes runs this kernel on sm_90 and agrees with moe_mma."""
+    from dayzero.kernels.moe_mma import choose_mma_configs
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4_fused
+    from dayzero.kernels.moe_wgmma import available
+
+    E, k, H, I, act, bias = MODELS["gpt-oss-120b"]
+    gen = torch.Generator().manual_seed(3)
+    experts = random_layer(E, H, I, gen, "cuda", bias)
+    x = torch.randn(1024, H, generator=gen).bfloat16().cuda()
+    ids, w = random_routing(1024, E, k, gen, "cuda")
+    if not available(x):
+        pytest.skip("not an sm_90 device")
+    out = moe_experts_mxfp4_fused(x, ids, w, experts, act)
+    old = moe_experts_mxfp4_fused(x, ids, w, experts, act, configs=choose_mma_configs(1024 * k, E, True, I, H))
+    ref = exact(x, ids, w, experts, act)
+    assert rel_err(out, ref) < 1e-2 and rel_err(out, old) < 1e-2
