@@ -308,13 +308,15 @@ def grouped_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activ
 # -- the routed-expert layer ---------------------------------------------------------------------
 
 def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
-              configs=None) -> torch.Tensor:
+              configs=None, high_scales=True) -> torch.Tensor:
     """dispatch -> gate/up GEMM with fused bias + activation -> down GEMM with bias x router weight ->
     combine. Arguments already checked; w13/w2 as grouped_gemm takes them. configs: a (GemmConfig,
     GemmConfig) pair (this module's transposed tensor-core GEMM), a (MmaConfig, MmaConfig) pair
     (moe_mma's prefill GEMM), a moe_decode.DecodeConfig (MXFP4 only: the integer-dot decode kernels),
-    or None to choose from the static sizes (decode kernels for MXFP4 when
-    moe_decode.choose_decode_config returns a config, else moe_mma when choose_mma_configs does)."""
+    a moe_wgmma.WgmmaConfig (MXFP4, sm_90: the Gluon prefill kernel), or None to choose from the static
+    sizes (MXFP4: the decode kernels when moe_decode.choose_decode_config returns a config, else on sm_90
+    moe_wgmma when choose_wgmma_config does; then moe_mma when choose_mma_configs does). high_scales:
+    whether an E8M0 byte may exceed 128 (moe_wgmma), a bool or a callable asked only when moe_wgmma runs."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
     T, H = x.shape
@@ -323,7 +325,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         return torch.zeros_like(x)
     mxfp4 = s13 is not None
     pairs = topk_ids.numel()
-    if mxfp4 and not isinstance(configs, tuple):
+    from dayzero.kernels.moe_wgmma import WgmmaConfig
+
+    if mxfp4 and not isinstance(configs, (tuple, WgmmaConfig)):
         from dayzero.kernels.moe_decode import choose_decode_config, moe_layer_decode
 
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
@@ -331,6 +335,14 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         if decode is not None:
             return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,
                                     config=decode)
+    from dayzero.kernels import moe_wgmma
+
+    if mxfp4 and (isinstance(configs, moe_wgmma.WgmmaConfig) or configs is None and moe_wgmma.available(x)):
+        wg = configs or moe_wgmma.choose_wgmma_config(pairs, E)
+        if wg is not None:
+            high = high_scales() if callable(high_scales) else high_scales
+            return moe_wgmma.moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation,
+                                             inter=inter, config=wg, high_scales=high)
     from dayzero.kernels.moe_mma import MmaConfig, choose_mma_configs, mma_gemm
 
     c1, c2 = configs or choose_mma_configs(pairs, E, mxfp4, inter, H) or (choose_config(pairs, E, inter, mxfp4, True),

@@ -20,6 +20,9 @@ the next tile's upcast (Triton pipelines only operands loaded straight from memo
 and the MMA overlap only across the two programs an SM holds. Next: a producer warpgroup upcasting
 into a shared-memory ring for consumer warpgroups (warp specialisation).
 
+On sm_90 the MXFP4 layers run moe_wgmma (Gluon) instead, 1.5x faster (BENCHMARKS.md, third 2026-12-01
+run); this kernel stays for bf16 weights, other devices, the interpreter and DAYZERO_MOE_WGMMA=0.
+
 Weight formats (`WFMT`):
     WFMT_BF16   bf16 [E, N, K] (path C).
     WFMT_MXFP4  canonical MXFP4 read as int32 words [E, N, K/8] + E8M0 bytes [E, N, K/32], upcast in

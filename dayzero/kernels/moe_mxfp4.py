@@ -11,8 +11,11 @@ synchronisation per call: the prefill path.
 Selection (`select_path`), per call: DAYZERO_MOE_PATH = auto (default) | a | b, or the `path` argument.
 auto picks B only where it measured faster than A: the device's workspace already holds every expert
 of this layer (so the call converts nothing), the call has DAYZERO_MOE_B_MIN_TOKENS to
-DAYZERO_MOE_B_MAX_TOKENS tokens (defaults DEFAULT_B_MIN_TOKENS, DEFAULT_B_MAX_TOKENS: excluded) and
-no CUDA graph is being captured; else A. Forcing "b" with a workspace too small for the call's
+DAYZERO_MOE_B_MAX_TOKENS tokens (defaults DEFAULT_B_MIN_TOKENS, DEFAULT_B_MAX_TOKENS: excluded),
+no CUDA graph is being captured, and path A's prefill kernel is moe_mma, not moe_wgmma (sm_90): since
+moe_wgmma (2026-12-01, third run, bench/moe_wgmma.py) A takes 1.21 / 1.70 ms on gpt-oss-120b at 512 /
+2048 tokens and 2.26 / 2.34 ms on DeepSeek-V4, against a warm B's 2.08 / 2.94 and 3.48 / 3.80 ms below;
+else A. Forcing "b" with a workspace too small for the call's
 active experts raises ValueError naming the workspace setting.
 """
 
@@ -75,6 +78,10 @@ def select_path(x: torch.Tensor, topk_ids: torch.Tensor, experts, path: str | No
     tokens = topk_ids.shape[0]
     if not b_min_tokens() <= tokens < b_max_tokens() or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
         return "a"
+    from dayzero.kernels.moe_wgmma import available
+
+    if available(x):  # path A's Gluon prefill kernel beats a warm B at every size measured (module docstring)
+        return "a"
     from dayzero.kernels.fp8_workspace import default_workspace
 
     return "b" if len(default_workspace(x.device).resident(experts)) == experts.num_experts else "a"
@@ -108,4 +115,18 @@ def _fused(x, topk_ids, topk_weights, experts, activation, configs) -> torch.Ten
     s13 = mxfp4.as_e8m0_bytes(experts.w13_scale, "experts.w13_scale")
     s2 = mxfp4.as_e8m0_bytes(experts.w2_scale, "experts.w2_scale")
     return moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, experts.b13, experts.b2, activation,
-                     inter=n13 // 2, configs=configs)
+                     inter=n13 // 2, configs=configs, high_scales=lambda: _high_scales(experts, s13, s2))
+
+
+def _high_scales(experts, s13: torch.Tensor, s2: torch.Tensor) -> bool:
+    """Whether any E8M0 byte of the layer exceeds 128 (the prefill kernel then multiplies twice per code
+    pair, moe_wgmma). One host synchronisation per layer object, at its first prefill call; during CUDA
+    graph capture the answer is not computed (True: always exact)."""
+    cached = getattr(experts, "_dayzero_high_scales", None)
+    if cached is not None:
+        return cached
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    cached = bool((s13 > 128).any() or (s2 > 128).any())
+    experts._dayzero_high_scales = cached
+    return cached

@@ -1,0 +1,142 @@
+"""Prefill MoE layer with MXFP4 experts on the H200: the Gluon wgmma kernel (dayzero/kernels/moe_wgmma.py)
+against the Triton prefill kernel it replaces (moe_mma, path A before) and the bf16 path C, in the same
+run, against the measured bf16 matmul rate.
+
+    python bench/moe_wgmma.py                                   # both models, 512 2048 8192 tokens
+    python bench/moe_wgmma.py --models gpt-oss-120b --tokens 8192 --tiles 128x4 256x3
+
+Per model and token count: the whole layer (dispatch, gather + permute, both GEMMs, combine) in one CUDA
+graph replay with the weights rotating over copies larger than L2 (method of bench/moe.py), for each
+wgmma tile (rows per program x stages; "s" = A_SMEM, the upcast tile through shared memory with one
+wgmma in flight; "lo" = one bf16 multiply per code pair, valid only where no
+scale byte exceeds 128, which holds for these weights), the two GEMMs of the default tile alone, the layer
+as the registry runs it (default tile; the scale check picks "lo" here), moe_mma with its default tiles,
+and path C (bf16 weights, moe_mma). TFLOP/s count the routed rows only
+(2 * tokens * top_k * 3 * H * I), not the padding; error: relative to the exact float32 layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.moe import MODELS, copy_bandwidth, matmul_rate, random_experts, rel_err, to_bf16  # noqa: E402
+from bench.moe_decode import graph_us  # noqa: E402
+from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
+
+TOKENS = (512, 2048, 8192)
+
+
+def tile_arg(text: str) -> tuple[int, int, bool, bool]:
+    """'128x4' -> (128, 4, high scales, register A); suffix 'lo': one multiply per pair; 's': A_SMEM."""
+    a_smem = text.endswith("s")
+    text = text.removesuffix("s")
+    lo = text.endswith("lo")
+    bt, st = text.removesuffix("lo").split("x")
+    return int(bt), int(st), not lo, a_smem
+
+
+def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) -> None:
+    from dayzero.kernels import moe_wgmma
+    from dayzero.kernels.moe_bf16 import moe_experts_bf16
+    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED
+    from dayzero.kernels.moe_mma import choose_mma_configs
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4_fused
+
+    E, k, H, I, act, bias = MODELS[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = random_experts(E, H, I, bias, gen)
+    mx = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
+                                 base.b13, base.b2) for _ in range(copies - 1)]
+    bf = None
+    if with_c:
+        b0 = to_bf16(base)
+        bf = [b0] + [ExpertWeights("bf16", b0.w13.clone(), b0.w2.clone(), b13=b0.b13, b2=b0.b2) for _ in range(copies - 1)]
+    words = [(e.w13.view(torch.int32).view(E, 2 * I, H // 8), e.w13_scale, e.w2.view(torch.int32).view(E, H, I // 8),
+              e.w2_scale) for e in mx]
+    a_kind = ACT_SWIGLU if act.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    for T in tokens:
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
+        fl = 2 * T * k * 3 * H * I
+        ref = _experts_reference(x.float(), ids, rw, base, act)
+
+        def record(label, fn, gemm_only=False):
+            try:
+                err = float("nan") if gemm_only else rel_err(fn(0), ref)
+                us = graph_us(fn, copies, reps)
+            except Exception as exc:  # a tile that does not fit is reported, the run goes on
+                print(f"{name:>13} T={T:>5} {label:>22}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+                return
+            tf = fl / (us * 1e-6) / 1e12
+            rows.append({"model": name, "tokens": T, "label": label, "us": us, "tflops": tf,
+                         "bf16_pct": 100 * tf * 1e12 / flops, "err": err})
+            print(f"{name:>13} T={T:>5} {label:>22}: {us:9.1f} us {tf:6.1f} TF/s ({100 * tf * 1e12 / flops:4.1f}% bf16)"
+                  + ("" if gemm_only else f" err {err:.1e}"), flush=True)
+
+        for bt, st, high, a_smem in tiles:
+            cfg = moe_wgmma.WgmmaConfig(bt, st, a_smem=a_smem)
+            record(f"wgmma {bt}x{st}{'' if high else 'lo'}{'s' if a_smem else ''}",
+                   lambda s, cfg=cfg, high=high: moe_wgmma.moe_layer_wgmma(
+                       x, ids, rw, *words[s][:2], *words[s][2:], base.b13, base.b2, act, inter=I, config=cfg,
+                       high_scales=high))
+        cfg = moe_wgmma.choose_wgmma_config(T * k, E)
+        d = dispatch(ids, E, cfg.block_t)
+        xp = moe_wgmma.gather_permute(x, d, gather=True)
+        h = moe_wgmma.wgmma_gemm(xp, *words[0][:2], base.b13, d, out_features=I, activation=a_kind,
+                                 alpha=act.alpha or 1.0, limit=act.limit, permute_out=True, config=cfg)
+        record(f"gemms only {cfg.block_t}x{cfg.num_stages}lo", lambda s: (
+            moe_wgmma.wgmma_gemm(xp, *words[s][:2], base.b13, d, out_features=I, activation=a_kind,
+                                 alpha=act.alpha or 1.0, limit=act.limit, permute_out=True, high_scales=False, config=cfg),
+            moe_wgmma.wgmma_gemm(h, *words[s][2:], base.b2, d, out_features=H, router_weights=rw.view(-1),
+                                 permute_out=False, high_scales=False, config=cfg)), gemm_only=True)
+        record("layer (default choice)", lambda s: moe_experts_mxfp4_fused(x, ids, rw, mx[s], act))
+        mma = choose_mma_configs(T * k, E, True, I, H)
+        if mma is not None:
+            record("moe_mma (A before)", lambda s: moe_experts_mxfp4_fused(x, ids, rw, mx[s], act, configs=mma))
+        if bf is not None:
+            record("path C bf16", lambda s: moe_experts_bf16(x, ids, rw, bf[s], act))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    ap.add_argument("--tiles", nargs="+", type=tile_arg, default=[tile_arg(t) for t in ("64x4lo", "128x4", "128x4lo",
+                                                                                         "128x3lo", "256x3lo")])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--no-c", action="store_true", help="skip path C (saves the bf16 copies' memory and time)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    bw, flops = copy_bandwidth(), matmul_rate()
+    print(f"{datetime.date.today()} {torch.cuda.get_device_name()}, torch {torch.__version__}; copy {bw / 1e12:.2f} "
+          f"TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    rows = []
+    for name in args.models:
+        bench_model(name, args.tokens, args.tiles, args.reps, args.copies, flops, rows, not args.no_c)
+        torch.cuda.empty_cache()
+    base = {(r["model"], r["tokens"]): r["us"] for r in rows if r["label"] == "moe_mma (A before)"}
+    print("\n| model | tokens | variant | µs | TFLOP/s | % bf16 rate | moe_mma µs / this | rel err |\n"
+          "|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = base.get((r["model"], r["tokens"]))
+        print(f"| {r['model']} | {r['tokens']} | {r['label']} | {r['us']:.1f} | {r['tflops']:.1f} | {r['bf16_pct']:.1f}% | "
+              f"{ratio / r['us']:.2f} | {r['err']:.1e} |" if ratio else
+              f"| {r['model']} | {r['tokens']} | {r['label']} | {r['us']:.1f} | {r['tflops']:.1f} | {r['bf16_pct']:.1f}% | - | "
+              f"{r['err']:.1e} |")
+    if args.json:
+        args.json.write_text(json.dumps({"copy_bw": bw, "bf16_flops": flops, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
