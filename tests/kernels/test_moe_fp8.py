@@ -263,6 +263,11 @@ def test_path_selection_setting(monkeypatch):
     assert select_path(x, large, layer) == "a"  # expert 5 is not resident
     ws.prepare(layer, _ids(5))
     assert select_path(x, small, layer) == "a" and select_path(x, large, layer) == "b"
+    from dayzero.kernels import moe_wgmma
+
+    with monkeypatch.context() as m:  # sm_90: path A's Gluon prefill kernel beats a warm B at every size
+        m.setattr(moe_wgmma, "available", lambda x: True)
+        assert select_path(x, large, layer) == "a" and select_path(x, large, layer, path="b") == "b"
     assert select_path(x, huge, layer) == "a"
     monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "5")
     monkeypatch.setenv("DAYZERO_MOE_B_MAX_TOKENS", "7")
