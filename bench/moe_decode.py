@@ -111,9 +111,9 @@ def _compile_one(job) -> None:
 
 
 def _act(act) -> int:
-    from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED
+    from dayzero.kernels.moe_gemm import kernel_activation
 
-    return ACT_SWIGLU if act.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    return kernel_activation(act)[0]
 
 
 def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False) -> None:

@@ -60,9 +60,9 @@ def config(t, variant):
 
 
 def _act(act) -> int:
-    from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED
+    from dayzero.kernels.moe_gemm import kernel_activation
 
-    return ACT_SWIGLU if act.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    return kernel_activation(act)[0]
 
 
 def precompile(workers: int, models, variants) -> None:

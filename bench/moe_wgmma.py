@@ -47,7 +47,7 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
     from dayzero.kernels import moe_wgmma
     from dayzero.kernels.moe_bf16 import moe_experts_bf16
     from dayzero.kernels.moe_dispatch import dispatch
-    from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED
+    from dayzero.kernels.moe_gemm import kernel_activation
     from dayzero.kernels.moe_mma import choose_mma_configs
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4_fused
 
@@ -62,7 +62,7 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
         bf = [b0] + [ExpertWeights("bf16", b0.w13.clone(), b0.w2.clone(), b13=b0.b13, b2=b0.b2) for _ in range(copies - 1)]
     words = [(e.w13.view(torch.int32).view(E, 2 * I, H // 8), e.w13_scale, e.w2.view(torch.int32).view(E, H, I // 8),
               e.w2_scale) for e in mx]
-    a_kind = ACT_SWIGLU if act.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    a_kind = kernel_activation(act)[0]
     for T in tokens:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]

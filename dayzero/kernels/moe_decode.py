@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, _activate, interpreting
+from dayzero.kernels.moe_gemm import _activate, interpreting, kernel_activation
 
 
 @dataclass(frozen=True)
@@ -712,8 +712,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     else:
         d = dispatch(topk_ids, E, config.block_m)
         xq, xs = quantize_rows(x)
-    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
-    alpha = activation.alpha if activation.alpha is not None else 1.0
+    act, alpha = kernel_activation(activation)
     tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1)
     if config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED, GemmConfig, interpreting
+from dayzero.kernels.moe_gemm import GemmConfig, interpreting, kernel_activation
 
 GROUP = 128  # K values per scale, weights and activations
 TERMS_ENV = "DAYZERO_MOE_B_TERMS"
@@ -385,8 +385,7 @@ def moe_layer_fp8(x, topk_ids, topk_weights, w13, s13, w2, s2, slot_of_expert, b
         raise ValueError(f"moe_layer_fp8: both GEMMs must use one BLOCK_M, got {c1.block_m} and {c2.block_m}")
     d = dispatch(topk_ids, num_experts, c1.block_m)
     a, a_scale = quantize_activations(x, terms)
-    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
-    alpha = activation.alpha if activation.alpha is not None else 1.0
+    act, alpha = kernel_activation(activation)
     h, h_scale = fp8_grouped_gemm(a, a_scale, w13, s13, slot_of_expert, b13, d, out_features=inter, gather=True,
                                   activation=act, alpha=alpha, limit=activation.limit, quant_out=True,
                                   w_scale_rows=w_scale_rows, config=c1)

@@ -44,6 +44,12 @@ import triton.language as tl
 ACT_NONE, ACT_SWIGLU, ACT_SWIGLU_CLAMPED = 0, 1, 2
 
 
+def kernel_activation(activation) -> tuple[int, float]:
+    """(the kernels' ACTIVATION code, alpha) of an ops.moe.Activation."""
+    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
+    return act, activation.alpha if activation.alpha is not None else 1.0
+
+
 def interpreting() -> bool:
     """True under Triton's CPU interpreter (TRITON_INTERPRET=1, read when Triton was imported)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
@@ -325,9 +331,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         return torch.zeros_like(x)
     mxfp4 = s13 is not None
     pairs = topk_ids.numel()
-    from dayzero.kernels.moe_wgmma import WgmmaConfig
+    from dayzero.kernels import moe_wgmma
 
-    if mxfp4 and not isinstance(configs, (tuple, WgmmaConfig)):
+    if mxfp4 and not isinstance(configs, (tuple, moe_wgmma.WgmmaConfig)):
         from dayzero.kernels.moe_decode import choose_decode_config, moe_layer_decode
 
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
@@ -335,8 +341,6 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         if decode is not None:
             return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,
                                     config=decode)
-    from dayzero.kernels import moe_wgmma
-
     if mxfp4 and (isinstance(configs, moe_wgmma.WgmmaConfig) or configs is None and moe_wgmma.available(x)):
         wg = configs or moe_wgmma.choose_wgmma_config(pairs, E)
         if wg is not None:
@@ -353,8 +357,7 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         raise ValueError("moe_layer: both GEMMs must be GemmConfig or both MmaConfig")
     gemm = mma_gemm if isinstance(c1, MmaConfig) else grouped_gemm
     d = dispatch(topk_ids, E, c1.block_m)
-    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
-    alpha = activation.alpha if activation.alpha is not None else 1.0
+    act, alpha = kernel_activation(activation)
     h = gemm(x, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
              limit=activation.limit, config=c1)
     y = gemm(h, w2, s2, b2, d, out_features=H, gather=False, router_weights=topk_weights.contiguous().view(-1),

@@ -47,6 +47,7 @@ and on other devices; DAYZERO_MOE_WGMMA=0 keeps moe_mma on sm_90 too.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -382,8 +383,6 @@ WGMMA_ENV = "DAYZERO_MOE_WGMMA"
 def available(x: torch.Tensor) -> bool:
     """True where this kernel runs: a compiled (not interpreted) sm_90 CUDA device, unless
     DAYZERO_MOE_WGMMA=0 keeps moe_mma."""
-    import os
-
     from dayzero.kernels.moe_gemm import interpreting
 
     if not x.is_cuda or interpreting() or os.environ.get(WGMMA_ENV, "1") == "0":
@@ -408,13 +407,12 @@ def moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activa
     """dispatch -> gather + permute x -> gate/up GEMM (bias, activation, h permuted) -> down GEMM (bias,
     router weight) -> combine; arguments as moe_gemm.moe_layer takes them (MXFP4 words)."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
-    from dayzero.kernels.moe_gemm import ACT_SWIGLU, ACT_SWIGLU_CLAMPED
+    from dayzero.kernels.moe_gemm import kernel_activation
 
     T, H = x.shape
     E = w13.shape[0]
     d = dispatch(topk_ids, E, config.block_t)
-    act = ACT_SWIGLU if activation.kind == "swiglu" else ACT_SWIGLU_CLAMPED
-    alpha = activation.alpha if activation.alpha is not None else 1.0
+    act, alpha = kernel_activation(activation)
     xp = gather_permute(x, d, gather=True)
     h = wgmma_gemm(xp, w13, s13, b13, d, out_features=inter, activation=act, alpha=alpha, limit=activation.limit,
                    permute_out=True, high_scales=high_scales, config=config)
