@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -29,25 +30,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.moe import MODELS, copy_bandwidth, matmul_rate, random_experts, rel_err, to_bf16  # noqa: E402
 from bench.moe_decode import graph_us  # noqa: E402
+from dayzero.kernels import moe_wgmma  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
 TOKENS = (512, 2048, 8192)
 
 
-def tile_arg(text: str) -> tuple[int, int, bool, bool]:
-    """'128x4' -> (128, 4, high scales, register A); suffix 'lo': one multiply per pair; 's': A_SMEM."""
-    a_smem = text.endswith("s")
-    text = text.removesuffix("s")
-    lo = text.endswith("lo")
-    bt, st = text.removesuffix("lo").split("x")
-    return int(bt), int(st), not lo, a_smem
+def tile_arg(text: str) -> tuple[moe_wgmma.WgmmaConfig, bool, str]:
+    """'128x4' -> (WgmmaConfig, high scales, label); suffixes in this order: 'lo' one multiply per pair;
+    's' A_SMEM or 'p' pipeline (two register sets, one wgmma in flight); 't2' up to 2 tail blocks of 64
+    rows per expert (split_blocks); 'r128' a ptxas register cap."""
+    m = re.fullmatch(r"(\d+)x(\d+)(lo)?([sp])?(?:t(\d))?(?:r(\d+))?", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"tile {text!r}: expected e.g. 128x4, 128x4lo, 256x4lopt2, 128x4pr128")
+    bt, st, lo, mode, tails, regs = m.groups()
+    cfg = moe_wgmma.WgmmaConfig(int(bt), int(st), a_smem=mode == "s", pipeline=mode == "p",
+                                max_registers=int(regs) if regs else None, tail_blocks=int(tails or 0))
+    return cfg, lo is None, text
+
+
+def cfg_label(cfg) -> str:
+    """The tile_arg spelling of a config, without 'lo'."""
+    return (f"{cfg.block_t}x{cfg.num_stages}" + ("s" if cfg.a_smem else "p" if cfg.pipeline else "")
+            + (f"t{cfg.tail_blocks}" if cfg.tail_blocks else ""))
 
 
 def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) -> None:
-    from dayzero.kernels import moe_wgmma
     from dayzero.kernels.moe_bf16 import moe_experts_bf16
-    from dayzero.kernels.moe_dispatch import dispatch
-    from dayzero.kernels.moe_gemm import kernel_activation
     from dayzero.kernels.moe_mma import choose_mma_configs
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4_fused
 
@@ -62,7 +71,6 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
         bf = [b0] + [ExpertWeights("bf16", b0.w13.clone(), b0.w2.clone(), b13=b0.b13, b2=b0.b2) for _ in range(copies - 1)]
     words = [(e.w13.view(torch.int32).view(E, 2 * I, H // 8), e.w13_scale, e.w2.view(torch.int32).view(E, H, I // 8),
               e.w2_scale) for e in mx]
-    a_kind = kernel_activation(act)[0]
     for T in tokens:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
@@ -83,22 +91,16 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
             print(f"{name:>13} T={T:>5} {label:>22}: {us:9.1f} us {tf:6.1f} TF/s ({100 * tf * 1e12 / flops:4.1f}% bf16)"
                   + ("" if gemm_only else f" err {err:.1e}"), flush=True)
 
-        for bt, st, high, a_smem in tiles:
-            cfg = moe_wgmma.WgmmaConfig(bt, st, a_smem=a_smem)
-            record(f"wgmma {bt}x{st}{'' if high else 'lo'}{'s' if a_smem else ''}",
+        for cfg, high, text in tiles:
+            record(f"wgmma {text}",
                    lambda s, cfg=cfg, high=high: moe_wgmma.moe_layer_wgmma(
                        x, ids, rw, *words[s][:2], *words[s][2:], base.b13, base.b2, act, inter=I, config=cfg,
                        high_scales=high))
         cfg = moe_wgmma.choose_wgmma_config(T * k, E)
-        d = dispatch(ids, E, cfg.block_t)
+        d, runs = moe_wgmma.plan(ids, E, cfg)
         xp = moe_wgmma.gather_permute(x, d, gather=True)
-        h = moe_wgmma.wgmma_gemm(xp, *words[0][:2], base.b13, d, out_features=I, activation=a_kind,
-                                 alpha=act.alpha or 1.0, limit=act.limit, permute_out=True, config=cfg)
-        record(f"gemms only {cfg.block_t}x{cfg.num_stages}lo", lambda s: (
-            moe_wgmma.wgmma_gemm(xp, *words[s][:2], base.b13, d, out_features=I, activation=a_kind,
-                                 alpha=act.alpha or 1.0, limit=act.limit, permute_out=True, high_scales=False, config=cfg),
-            moe_wgmma.wgmma_gemm(h, *words[s][2:], base.b2, d, out_features=H, router_weights=rw.view(-1),
-                                 permute_out=False, high_scales=False, config=cfg)), gemm_only=True)
+        record(f"gemms only {cfg_label(cfg)}lo", lambda s: moe_wgmma.expert_gemms(
+            xp, d, runs, *words[s], base.b13, base.b2, act, rw, inter=I, high_scales=False), gemm_only=True)
         record("layer (default choice)", lambda s: moe_experts_mxfp4_fused(x, ids, rw, mx[s], act))
         mma = choose_mma_configs(T * k, E, True, I, H)
         if mma is not None:

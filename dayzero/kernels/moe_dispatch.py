@@ -133,6 +133,73 @@ def dispatch(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Dispatch
                     row_pair[:max_rows], pair_row)
 
 
+@dataclass
+class BlockList:
+    """The blocks one GEMM launch runs, as int32 device tensors of a static length (unused entries have
+    expert E, and the GEMM skips them): first padded row, expert, and the end of that expert's padded rows
+    (a block may reach past it; the GEMM stores no row there)."""
+    row0: torch.Tensor
+    expert: torch.Tensor
+    end: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.row0.shape[0]
+
+
+@triton.jit
+def _split_kernel(counts_ptr, expert_block_ptr, row0_ptr, expert_ptr, end_ptr, E, n_main, n_total,
+                  BLOCK_M: tl.constexpr, BIG: tl.constexpr, TAIL_MAX: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_B: tl.constexpr):
+    """Entries b < n_main: the big blocks (BIG * BLOCK_M rows); entries from n_main: the tail blocks
+    (BLOCK_M rows). Each expert's nb small blocks: nb // BIG big ones, and the rest as one more big
+    block when more than TAIL_MAX remain, else as that many tail blocks."""
+    e = tl.arange(0, BLOCK_E)
+    c = tl.load(counts_ptr + e, mask=e < E, other=0)
+    nb = (c + BLOCK_M - 1) // BLOCK_M
+    full = nb // BIG
+    rem = nb - full * BIG
+    big = full + (rem > TAIL_MAX).to(tl.int32)
+    tail = tl.where(rem > TAIL_MAX, 0, rem)
+    start = tl.load(expert_block_ptr + e, mask=e < E, other=0)
+    b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    is_tail = b >= n_main
+    j = tl.where(is_tail, b - n_main, b)
+    per = tl.where(is_tail[:, None], tail[None, :], big[None, :])  # [BLOCK_B, BLOCK_E]
+    ends = tl.cumsum(per, axis=1)
+    owner = tl.sum(((ends <= j[:, None]) & (e[None, :] < E)).to(tl.int32), axis=1)
+    mine = e[None, :] == owner[:, None]
+    first = tl.sum(tl.where(mine, ends - per, 0), axis=1)  # the owner's first entry in this list
+    ostart = tl.sum(tl.where(mine, start[None, :], 0), axis=1)
+    ofull = tl.sum(tl.where(mine, full[None, :], 0), axis=1)
+    onb = tl.sum(tl.where(mine, nb[None, :], 0), axis=1)
+    blk = tl.where(is_tail, ostart + ofull * BIG + (j - first), ostart + (j - first) * BIG)
+    ok = (b < n_total) & (owner < E)
+    tl.store(row0_ptr + b, tl.where(ok, blk * BLOCK_M, 0), mask=b < n_total)
+    tl.store(expert_ptr + b, tl.where(ok, owner, E), mask=b < n_total)
+    tl.store(end_ptr + b, tl.where(ok, (ostart + onb) * BLOCK_M, 0), mask=b < n_total)
+
+
+def split_blocks(d: Dispatch, big: int, tail_max: int) -> tuple[BlockList, BlockList]:
+    """(big blocks, tail blocks) of a dispatch: each expert's blocks of d.block_m rows grouped by `big`
+    into blocks of big * block_m rows, and its last nb % big blocks kept as tail blocks when there are
+    at most tail_max of them (else one more big block, reaching past the expert's rows). Static lengths:
+    S // (big * block_m) + min(E, S) big, tail_max * min(E, S) tail. One launch, no host synchronisation."""
+    if big < 1 or not 0 <= tail_max < big:
+        raise ValueError(f"split_blocks: need big >= 1 and 0 <= tail_max < big, got {big}, {tail_max}")
+    S, E = d.pair_row.shape[0], d.num_experts
+    n_main = S // (big * d.block_m) + min(E, S)
+    n_tail = tail_max * min(E, S)
+    n = max(n_main + n_tail, 1)
+    out = torch.empty(3, n, dtype=torch.int32, device=d.counts.device)
+    block_b = 16
+    _split_kernel[(triton.cdiv(n, block_b),)](d.counts, d.expert_block, out[0], out[1], out[2], E, n_main,
+                                             n_main + n_tail, BLOCK_M=d.block_m, BIG=big, TAIL_MAX=tail_max,
+                                             BLOCK_E=triton.next_power_of_2(max(E, 1)), BLOCK_B=block_b)
+    main = BlockList(out[0, :n_main], out[1, :n_main], out[2, :n_main])
+    tail = BlockList(out[0, n_main:n_main + n_tail], out[1, n_main:n_main + n_tail], out[2, n_main:n_main + n_tail])
+    return main, tail
+
+
 @triton.jit
 def _combine_kernel(y_ptr, pair_row_ptr, out_ptr, H, stride_y, stride_out,
                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):

@@ -6,19 +6,23 @@ Why: moe_mma (plain Triton) stores each upcast weight tile to shared memory for 
 scale tile's layout through shared memory and spends about 500 instructions per thread per K step
 (7.8 per upcast value); it measured 33% of the bf16 matmul rate at 8192 tokens. Here the K loop is
 about 210 instructions per thread for 32 values (tools/sass_moe_wgmma.py), with no shared-memory
-traffic besides TMA. Measured on the H200 (2026-12-01, third run; BENCHMARKS.md, bench/moe_wgmma.py):
-the layer at 8192 tokens 48% of the bf16 matmul rate on both models (moe_mma 32-33%), 1.5-1.6x
-faster than moe_mma from 512 to 8192 tokens and faster than path C (bf16 weights) up to 2048.
+traffic besides TMA. Measured on the H200 (2026-12-01, fourth run; BENCHMARKS.md, bench/moe_wgmma.py):
+the layer at 8192 tokens 63% of the bf16 matmul rate on DeepSeek-V4 shapes and 56.5% on gpt-oss-120b
+(moe_mma 33%), 1.5-1.9x faster than moe_mma from 512 to 8192 tokens.
 
     acc[BLOCK_N weight rows, BLOCK_T padded rows] = W[BLOCK_N, K] @ X[BLOCK_T, K]^T
 
 W (left operand, registers): 8 warps (two warpgroups) x 64 rows = BLOCK_N 128 weight rows; X (right
 operand, shared memory): BLOCK_T rows of the dispatched activations, TMA tiles in a ring of STAGES.
-Per K tile of 64: upcast tile i, load the words of tile i + 1, wait for X tile i, wgmma, refill the
-slot of tile i - 1. Each wgmma is retired before the next upcast (the comment in the loop says why),
-so upcast and MMA overlap across the two programs an SM holds at BLOCK_T 128 (128 registers).
-A_SMEM (opt-in, measured slower: 43% at 8192 tokens): the upcast tile is stored to a shared-memory
-double buffer (stmatrix) and one wgmma stays in flight during the next upcast.
+Register kernel, per K tile of 64: upcast tile i, load the words of tile i + 1, wait for X tile i,
+wgmma, wait for it, refill the slot of tile i - 1; upcast and MMA overlap only across the two programs
+an SM holds at BLOCK_T 64-128 (128 registers). PIPELINE (the default above 96 rows per expert): the loop
+unrolled twice over two register sets, so one wgmma stays in flight while the next tile is upcast, the
+words loaded two tiles ahead; at BLOCK_T 256 (one program per SM) it is MMA-bound (the kernel comment
+says what the compilers need for this). A_SMEM (opt-in, measured slower): the upcast tile is stored to a
+shared-memory double buffer (stmatrix) and one wgmma stays in flight. SCHEDULED: the blocks come from a
+moe_dispatch.BlockList (big blocks and 64-row tail blocks, WgmmaConfig.tail_blocks), stores stopping at
+each expert's last row.
 
 The K permutation. A thread of the wgmma A fragment (bf16, 64 x 16 per warp group step) holds, of each
 of its two rows, logical columns k with k = h + 2 c + 8 s + 32 r  (c: lane % 4, h, s, r: registers).
@@ -47,6 +51,7 @@ and on other devices; DAYZERO_MOE_WGMMA=0 keeps moe_mma on sm_90 too.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -59,9 +64,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from dayzero.kernels.moe_dispatch import BlockList
+
 BLOCK_K = 64  # the K tile, and the block within which columns are permuted
 BLOCK_N = 128  # weight rows per program (8 warps: two warp groups of 64 rows)
 NUM_WARPS = 8
+TAIL_BLOCK = 64  # rows of the tail blocks (WgmmaConfig.tail_blocks)
 
 
 @dataclass(frozen=True)
@@ -70,10 +78,17 @@ class WgmmaConfig:
     num_stages: int = 4
     group_m: int = 8
     a_smem: bool = False  # the upcast tile through shared memory, one wgmma kept in flight (kernel comment)
+    pipeline: bool = False  # two register sets for the upcast tile, one wgmma kept in flight (kernel comment)
+    max_registers: int | None = None  # ptxas register cap per thread (128: two 8-warp programs per SM)
+    tail_blocks: int = 0  # split each expert's last rows into up to this many 64-row blocks (moe_layer_wgmma)
 
     def __post_init__(self):
         if self.block_t not in (16, 32, 64, 128, 256):
             raise ValueError(f"WgmmaConfig: block_t must be a power of two from 16 to 256, got {self.block_t}")
+        if self.tail_blocks and not 0 < self.tail_blocks < self.block_t // TAIL_BLOCK:
+            raise ValueError(f"WgmmaConfig: tail_blocks must be below block_t / {TAIL_BLOCK}, got {self.tail_blocks}")
+        if self.a_smem and self.pipeline:
+            raise ValueError("WgmmaConfig: a_smem and pipeline are two ways to keep a wgmma in flight; pick one")
         if self.num_stages < 2 or self.group_m < 1:
             raise ValueError(f"WgmmaConfig: num_stages >= 2 and group_m >= 1, got {self.num_stages}, {self.group_m}")
 
@@ -199,19 +214,28 @@ def _load_words(w_base, s_base, wrow, k0, K: gl.constexpr, stride_wn, stride_sn,
 
 
 @gluon.jit
+def _refill(x_desc, xs, bars, row0, nxt, num_k: gl.constexpr, STAGES: gl.constexpr, BK: gl.constexpr):
+    """Start the TMA load of X tile nxt into its ring slot (whose previous tile's wgmma has retired)."""
+    if nxt < num_k:
+        ns = nxt % STAGES
+        mbarrier.expect(bars.index(ns), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [row0, nxt * BK], bars.index(ns), xs.index(ns))
+
+
+@gluon.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + gl.exp(-x))
 
 
 @gluon.jit
 def _wgmma_kernel(
-    x_desc, w_ptr, s_ptr, bias_ptr, out_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
-    N, S, E, num_blocks, up_offset, alpha, limit,
+    x_desc, w_ptr, s_ptr, bias_ptr, out_ptr, row_pair_ptr, block_expert_ptr, block_row_ptr, block_end_ptr,
+    router_weight_ptr, N, S, E, num_blocks, up_offset, alpha, limit,
     stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
     K: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr,
     HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr, PERMUTE_OUT: gl.constexpr, HIGH_SCALES: gl.constexpr,
     BLOCK_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, A_SMEM: gl.constexpr,
-    num_warps: gl.constexpr,
+    PIPELINE: gl.constexpr, SCHEDULED: gl.constexpr, num_warps: gl.constexpr,
 ):
     BN: gl.constexpr = 128
     BK: gl.constexpr = 64
@@ -248,7 +272,12 @@ def _wgmma_kernel(
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
         num_k: gl.constexpr = (K + BK - 1) // BK
-        row0 = mb * BLOCK_T
+        if SCHEDULED:  # a BlockList entry: its first row, and the end of its expert's rows
+            row0 = gl.load(block_row_ptr + mb)
+            row_end = gl.load(block_end_ptr + mb)
+        else:
+            row0 = mb * BLOCK_T
+            row_end = row0 + BLOCK_T
         for i in gl.static_range(STAGES - 1):
             if i < num_k:
                 mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
@@ -256,37 +285,69 @@ def _wgmma_kernel(
 
         words, scale = _load_words(w_base, s_base, wrow, 0, K, stride_wn, stride_sn, words_layout)
         acc = gl.zeros([BN, BLOCK_T], gl.float32, layout=mma_layout)
-        # The A registers of an asynchronous wgmma must not change before it completes, and ptxas reuses
-        # them for the next tile's upcast (measured on the H200: corrupted products with one wgmma left in
-        # flight; passing the tile through the wait as a dependency did not change the SASS). Register A
-        # (A_SMEM False): each wgmma is retired before the next upcast, so upcast and MMA overlap across
-        # the programs an SM holds (BLOCK_T 128: 128 registers, two 8-warp programs per SM). A_SMEM: the
-        # upcast tile is stored to one of two shared-memory buffers and wgmma i stays in flight while
-        # tile i + 1 is upcast into the other.
+        # The A registers of an asynchronous wgmma must not change before the wait that retires it. In a
+        # plain loop the upcast tile is one value, hence one PTX register set rewritten every iteration, so
+        # with a wgmma left in flight the next upcast overwrote its operand (wrong products on the H200).
+        # Register A (neither flag): each wgmma is retired before the next upcast, so upcast and MMA
+        # overlap across the programs an SM holds (BLOCK_T 128: 128 registers, two 8-warp programs per
+        # SM). PIPELINE: two register sets (below). A_SMEM: the upcast tile is stored to one of two
+        # shared-memory buffers and wgmma i stays in flight while tile i + 1 is upcast into the other.
         if A_SMEM:
             a_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, BK],
                                                gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
-        for i in range(num_k):
-            a = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
-            words, scale = _load_words(w_base, s_base, wrow, (i + 1) * BK, K, stride_wn, stride_sn, words_layout)
-            st = i % STAGES
-            if A_SMEM:
-                a_buf = a_smem.index(i % 2)
-                a_buf.store(a)
-                fence_async_shared()
-                gl.thread_barrier()
-                mbarrier.wait(bars.index(st), (i // STAGES) & 1)
-                acc = warpgroup_mma(a_buf, xs.index(st).permute((1, 0)), acc, is_async=True)
+        if PIPELINE:
+            # Two register sets, the loop unrolled twice: a0 and a1 are distinct values (distinct PTX
+            # registers), so one wgmma stays in flight while the other set is upcast. Each set goes
+            # through the wait that retires its wgmma as a dependency, which keeps it live until then. An
+            # odd tile count upcasts its first tile before the loop, and no wgmma is in flight when the
+            # loop exits: with the odd tile after the loop instead, ptxas serialized every wgmma of the
+            # kernel (C7513, "non wgmma instructions defining input registers ... pipeline stage").
+            # The weight words are loaded two tiles ahead (wa: the next tile to upcast, wb: the one after).
+            ODD: gl.constexpr = num_k % 2
+            if ODD:
+                a1 = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
+                wa, sa = _load_words(w_base, s_base, wrow, BK, K, stride_wn, stride_sn, words_layout)
+                mbarrier.wait(bars.index(0), 0)
+                acc = warpgroup_mma(a1, xs.index(0).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                _refill(x_desc, xs, bars, row0, STAGES - 1, num_k, STAGES, BK)  # the slot no tile used yet
             else:
-                mbarrier.wait(bars.index(st), (i // STAGES) & 1)
-                acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            nxt = i + STAGES - 1
-            if nxt < num_k:
-                ns = nxt % STAGES
-                mbarrier.expect(bars.index(ns), x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(x_desc, [row0, nxt * BK], bars.index(ns), xs.index(ns))
+                a1 = gl.zeros([BN, BK], gl.bfloat16, layout=a_layout)
+                wa, sa = words, scale
+            wb, sb = _load_words(w_base, s_base, wrow, (ODD + 1) * BK, K, stride_wn, stride_sn, words_layout)
+            for m in range(num_k // 2):
+                ki = 2 * m + ODD
+                a0 = _upcast(wa, sa, a_layout, BN, HIGH_SCALES)
+                wa, sa = _load_words(w_base, s_base, wrow, (ki + 2) * BK, K, stride_wn, stride_sn, words_layout)
+                mbarrier.wait(bars.index(ki % STAGES), (ki // STAGES) & 1)
+                acc = warpgroup_mma(a0, xs.index(ki % STAGES).permute((1, 0)), acc, is_async=True)
+                acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
+                _refill(x_desc, xs, bars, row0, ki + STAGES - 1, num_k, STAGES, BK)
+                a1 = _upcast(wb, sb, a_layout, BN, HIGH_SCALES)
+                wb, sb = _load_words(w_base, s_base, wrow, (ki + 3) * BK, K, stride_wn, stride_sn, words_layout)
+                mbarrier.wait(bars.index((ki + 1) % STAGES), ((ki + 1) // STAGES) & 1)
+                acc = warpgroup_mma(a1, xs.index((ki + 1) % STAGES).permute((1, 0)), acc, is_async=True)
+                acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
+                _refill(x_desc, xs, bars, row0, ki + STAGES, num_k, STAGES, BK)
+            acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
+        else:
+            for i in range(num_k):
+                a = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
+                words, scale = _load_words(w_base, s_base, wrow, (i + 1) * BK, K, stride_wn, stride_sn, words_layout)
+                st = i % STAGES
+                if A_SMEM:
+                    a_buf = a_smem.index(i % 2)
+                    a_buf.store(a)
+                    fence_async_shared()
+                    gl.thread_barrier()
+                    mbarrier.wait(bars.index(st), (i // STAGES) & 1)
+                    acc = warpgroup_mma(a_buf, xs.index(st).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                else:
+                    mbarrier.wait(bars.index(st), (i // STAGES) & 1)
+                    acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                _refill(x_desc, xs, bars, row0, i + STAGES - 1, num_k, STAGES, BK)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
@@ -322,7 +383,7 @@ def _wgmma_kernel(
                 val = val + gl.expand_dims(gl.load(b_base + n, mask=n < N, other=0.0).to(gl.float32), 1)
         t = row0 + gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, out_layout))
         if ROUTER_WEIGHT:
-            pair = gl.load(row_pair_ptr + t)
+            pair = gl.load(row_pair_ptr + t, mask=t < row_end, other=S)
             rw = gl.load(router_weight_ptr + pair, mask=pair < S, other=0.0).to(gl.float32)
             val = val * gl.expand_dims(rw, 0)
         if PERMUTE_OUT:  # h for the down GEMM: logical column order within each 64-block, zeros up to it
@@ -334,23 +395,31 @@ def _wgmma_kernel(
             col = n
             cmask = n < N
         ptrs = out_ptr + gl.expand_dims(t.to(gl.int64), 0) * stride_om + gl.expand_dims(col, 1)
-        gl.store(ptrs, val.to(gl.bfloat16), mask=gl.expand_dims(cmask, 1))
+        gl.store(ptrs, val.to(gl.bfloat16), mask=gl.expand_dims(cmask, 1) & gl.expand_dims(t < row_end, 0))
 
 
 def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int = 0, alpha: float = 1.0,
                limit: float | None = None, router_weights=None, permute_out: bool, high_scales: bool = True,
-               config: WgmmaConfig) -> torch.Tensor:
+               config: WgmmaConfig, blocks: BlockList | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """One GEMM over the padded rows of dispatch d: a_perm bf16 [max_rows, Kp] from gather_permute (or the
     permuted h of the gate/up GEMM), w int32 words [E, N, K/8], scale uint8 [E, N, K/32]. Returns bf16
     [max_rows, out_features] (permute_out: [max_rows, out_features rounded up to 64], permuted for the
-    next GEMM)."""
-    if d.block_m != config.block_t:
+    next GEMM). blocks: run these blocks of config.block_t rows (moe_dispatch.split_blocks) instead of
+    every block of d (whose block_m must then be config.block_t); out: write into this tensor."""
+    if blocks is None and d.block_m != config.block_t:
         raise ValueError(f"wgmma_gemm: dispatch block_m {d.block_m} != config block_t {config.block_t}")
+    if blocks is not None and config.block_t % d.block_m:
+        raise ValueError(f"wgmma_gemm: block_t {config.block_t} is not a multiple of the dispatch block_m {d.block_m}")
     E, N_rows, KW = w.shape
     K = KW * 8
     cols = triton.cdiv(out_features, BLOCK_K) * BLOCK_K if permute_out else out_features
-    out = torch.empty(d.max_rows, cols, dtype=torch.bfloat16, device=a_perm.device)
-    if d.max_rows == 0:
+    if out is None:
+        out = torch.empty(d.max_rows, cols, dtype=torch.bfloat16, device=a_perm.device)
+    elif out.shape != (d.max_rows, cols) or out.dtype != torch.bfloat16 or out.stride(1) != 1:
+        raise ValueError(f"wgmma_gemm: out must be bf16 [{d.max_rows}, {cols}] with unit column stride, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    num_blocks = d.max_blocks if blocks is None else len(blocks)
+    if d.max_rows == 0 or num_blocks == 0:
         return out
     bt = config.block_t
     layout = gl.NVMMASharedLayout.get_default_for([bt, BLOCK_K], gl.bfloat16)
@@ -359,18 +428,20 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
     out_n = BLOCK_N // 2 if gated else BLOCK_N
     S = d.pair_row.shape[0]
     dummy = d.pair_row
-    grid = (d.max_blocks * triton.cdiv(out_features, out_n),)
+    grid = (num_blocks * triton.cdiv(out_features, out_n),)
     _wgmma_kernel[grid](
-        x_desc, w, scale, bias if bias is not None else dummy, out, d.row_pair, d.block_expert,
-        router_weights if router_weights is not None else dummy,
-        out_features, S, E, d.max_blocks, out_features if gated else 0, float(alpha),
+        x_desc, w, scale, bias if bias is not None else dummy, out, d.row_pair,
+        d.block_expert if blocks is None else blocks.expert, dummy if blocks is None else blocks.row0,
+        dummy if blocks is None else blocks.end, router_weights if router_weights is not None else dummy,
+        out_features, S, E, num_blocks, out_features if gated else 0, float(alpha),
         float(limit) if limit is not None else 0.0,
         w.stride(0), w.stride(1), scale.stride(0), scale.stride(1), bias.stride(0) if bias is not None else 0,
         out.stride(0),
         K=K, GATED=gated, ACTIVATION=activation, HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None,
         ROUTER_WEIGHT=router_weights is not None, PERMUTE_OUT=permute_out, HIGH_SCALES=high_scales,
         BLOCK_T=bt, STAGES=config.num_stages, GROUP_M=config.group_m, A_SMEM=config.a_smem,
-        num_warps=NUM_WARPS,
+        PIPELINE=config.pipeline, SCHEDULED=blocks is not None,
+        num_warps=NUM_WARPS, maxnreg=config.max_registers,
     )
     return out
 
@@ -390,32 +461,80 @@ def available(x: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(x.device) == (9, 0)
 
 
+# Relative cost of one block per K step, measured on the H200 (2026-12-01, fourth run, gpt-oss-120b at 8192
+# tokens, BENCHMARKS.md): a 256-row block of the pipelined kernel (one program per SM, MMA-bound) 1.0; a
+# 64-row tail block 0.8 (bound by the weight upcast, which does not shrink with the rows); a 128-row block
+# of the register kernel (two programs per SM) 0.64.
+_COST_TAIL, _COST_128 = 0.8, 0.64
+
+
+def _expected_cost(r: float, cost) -> float:
+    """cost(rows of one expert) averaged over r - sqrt(r), r, r + sqrt(r) (routing spreads the counts)."""
+    sd = math.sqrt(r)
+    return sum(cost(max(1, round(c))) for c in (r - sd, r, r + sd)) / 3
+
+
 def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig | None:
-    """Rows per program from the expected rows per active expert r, or None below r = 8 (moe_decode /
-    moe_gemm keep those)."""
+    """The tile from the expected rows per active expert r, or None below r = 8 (moe_decode / moe_gemm
+    keep those). Up to 96: 64-row blocks. Above: the cheapest of 256-row pipelined blocks, the same with
+    each expert's last rows as one 64-row tail block where they fit, and 128-row blocks, by the costs above
+    (the padding of each layout is what separates them)."""
     active = max(1, min(num_experts, num_pairs))
     r = num_pairs / active
     if r <= 8:
         return None
     if r <= 96:
         return WgmmaConfig(64)
-    return WgmmaConfig(128)
+
+    def split(c):
+        nb = -(-c // TAIL_BLOCK)
+        full, rem = divmod(nb, 256 // TAIL_BLOCK)
+        return full + (rem > 1) + _COST_TAIL * (rem if rem <= 1 else 0)
+
+    options = [(_expected_cost(r, lambda c: -(-c // 256)), WgmmaConfig(256, 3, pipeline=True)),
+               (_expected_cost(r, split), WgmmaConfig(256, 3, pipeline=True, tail_blocks=1)),
+               (_expected_cost(r, lambda c: _COST_128 * -(-c // 128)), WgmmaConfig(128))]
+    return min(options, key=lambda o: o[0])[1]  # the first of equal costs
+
+
+def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
+    """(dispatch, runs) for a layer call: runs is [(config, BlockList or None)], one GEMM launch each. With
+    config.tail_blocks: rows dispatched in 64-row blocks and split (moe_dispatch.split_blocks) into the big
+    blocks at config.block_t rows and the tail blocks at TAIL_BLOCK rows."""
+    from dayzero.kernels.moe_dispatch import dispatch, split_blocks
+
+    if not config.tail_blocks:
+        return dispatch(topk_ids, num_experts, config.block_t), [(config, None)]
+    d = dispatch(topk_ids, num_experts, TAIL_BLOCK)
+    main, tail = split_blocks(d, config.block_t // TAIL_BLOCK, config.tail_blocks)
+    return d, [(config, main), (WgmmaConfig(TAIL_BLOCK, pipeline=config.pipeline), tail)]
+
+
+def expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, *, inter: int,
+                 high_scales: bool = True) -> torch.Tensor:
+    """Both GEMMs over the padded rows of plan()'s dispatch: y [max_rows, H], each row times its router
+    weight (xp: gather_permute's output)."""
+    from dayzero.kernels.moe_gemm import kernel_activation
+
+    act, alpha = kernel_activation(activation)
+    h = y = None
+    for cfg, blocks in runs:
+        h = wgmma_gemm(xp, w13, s13, b13, d, out_features=inter, activation=act, alpha=alpha, limit=activation.limit,
+                       permute_out=True, high_scales=high_scales, config=cfg, blocks=blocks, out=h)
+    for cfg, blocks in runs:
+        y = wgmma_gemm(h, w2, s2, b2, d, out_features=w2.shape[1], router_weights=topk_weights.contiguous().view(-1),
+                       permute_out=False, high_scales=high_scales, config=cfg, blocks=blocks, out=y)
+    return y
 
 
 def moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
                     config: WgmmaConfig, high_scales: bool = True) -> torch.Tensor:
     """dispatch -> gather + permute x -> gate/up GEMM (bias, activation, h permuted) -> down GEMM (bias,
     router weight) -> combine; arguments as moe_gemm.moe_layer takes them (MXFP4 words)."""
-    from dayzero.kernels.moe_dispatch import combine, dispatch
-    from dayzero.kernels.moe_gemm import kernel_activation
+    from dayzero.kernels.moe_dispatch import combine
 
-    T, H = x.shape
-    E = w13.shape[0]
-    d = dispatch(topk_ids, E, config.block_t)
-    act, alpha = kernel_activation(activation)
+    d, runs = plan(topk_ids, w13.shape[0], config)
     xp = gather_permute(x, d, gather=True)
-    h = wgmma_gemm(xp, w13, s13, b13, d, out_features=inter, activation=act, alpha=alpha, limit=activation.limit,
-                   permute_out=True, high_scales=high_scales, config=config)
-    y = wgmma_gemm(h, w2, s2, b2, d, out_features=H, router_weights=topk_weights.contiguous().view(-1),
-                   permute_out=False, high_scales=high_scales, config=config)
-    return combine(y, d, T, x.dtype)
+    y = expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, inter=inter,
+                     high_scales=high_scales)
+    return combine(y, d, x.shape[0], x.dtype)

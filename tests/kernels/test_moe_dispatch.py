@@ -64,3 +64,30 @@ def test_dispatch_matches_reference_cuda(tokens, top_k, experts, block_m):
 
     ids = torch.rand(tokens, experts, device="cuda").argsort(dim=1)[:, :top_k]
     _check(dispatch(ids, experts, block_m), ids, experts, block_m)
+
+
+@interpreter
+@pytest.mark.parametrize("tokens,experts,top_k,big,tail_max", [(300, 8, 2, 4, 2), (1000, 16, 4, 4, 2), (50, 128, 4, 4, 2),
+                                                               (700, 6, 2, 2, 1), (0, 4, 2, 4, 2), (513, 32, 4, 4, 0)])
+def test_split_blocks_matches_a_loop_over_experts(tokens, experts, top_k, big, tail_max):
+    """split_blocks against a plain loop: each expert's 64-row blocks as big blocks of big * 64 rows,
+    then its last blocks as tail blocks (at most tail_max) or one more big block; unused entries E."""
+    from dayzero.kernels.moe_dispatch import dispatch, split_blocks
+
+    gen = torch.Generator().manual_seed(tokens + experts)
+    ids = torch.rand(tokens, experts, generator=gen).argsort(dim=1)[:, :top_k]
+    d = dispatch(ids, experts, 64)
+    main, tail = split_blocks(d, big, tail_max)
+    want_main, want_tail = [], []
+    for e, (count, first) in enumerate(zip(d.counts.tolist(), d.expert_block.tolist())):
+        nb = -(-count // 64)
+        full, rem = divmod(nb, big)
+        end = (first + nb) * 64
+        want_main += [((first + g * big) * 64, e, end) for g in range(full + (rem > tail_max))]
+        want_tail += [((first + full * big + t) * 64, e, end) for t in range(rem if rem <= tail_max else 0)]
+    for got, want in ((main, want_main), (tail, want_tail)):
+        rows = list(zip(got.row0.tolist(), got.expert.tolist(), got.end.tolist()))
+        assert rows[:len(want)] == want
+        assert all(e == experts for _, e, _ in rows[len(want):])
+    with pytest.raises(ValueError, match="split_blocks"):
+        split_blocks(d, 4, 4)

@@ -60,22 +60,27 @@ def test_gather_permute_interpreted(K, block_m, gather):
 
 
 def test_choose_wgmma_config_rule():
-    from dayzero.kernels.moe_wgmma import available, choose_wgmma_config
+    from dayzero.kernels.moe_wgmma import WgmmaConfig, available, choose_wgmma_config
 
     assert choose_wgmma_config(32 * 4, 128) is None            # decode sizes stay on moe_decode / moe_gemm
     assert choose_wgmma_config(512 * 4, 128).block_t == 64      # 16 rows per expert
-    assert choose_wgmma_config(8192 * 4, 128).block_t >= 128    # 256 rows per expert
+    assert choose_wgmma_config(8192 * 4, 128) == WgmmaConfig(256, 3, pipeline=True, tail_blocks=1)  # 256 rows: tails pay
+    assert choose_wgmma_config(8192 * 6, 256) == WgmmaConfig(256, 3, pipeline=True)  # 192 rows: one 256 block
+    assert choose_wgmma_config(4096 * 4, 128) == WgmmaConfig(128)  # 128 rows
     assert not available(torch.zeros(1))                         # CPU tensors: moe_mma / the interpreter
-    from dayzero.kernels.moe_wgmma import WgmmaConfig
 
-    for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1)):
+    for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1),
+                dict(block_t=128, a_smem=True, pipeline=True), dict(block_t=128, tail_blocks=2),
+                dict(block_t=64, tail_blocks=1)):
         with pytest.raises(ValueError, match="WgmmaConfig"):
             WgmmaConfig(**bad)
 
 
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
                                   ["--k", "4096", "--gated", "--bt", "64", "--low"],
-                                  ["--k", "2880", "--gated", "--bt", "128", "--low", "--a-smem"]])
+                                  ["--k", "2880", "--gated", "--bt", "128", "--low", "--a-smem"],
+                                  ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
+                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"]])
 def test_wgmma_kernel_compiles_for_sm90(args):
     """Compiled for sm_90 on this machine (no GPU): the upcast's layout conversion is trivial (the
     kernel asserts it at compile time), the main loop issues HGMMA with its A operand from registers
@@ -88,16 +93,24 @@ def test_wgmma_kernel_compiles_for_sm90(args):
     out = run.stdout
     assert "stack (spills) 0 B" in out and "HGMMA" in out, out
     assert "LDS" not in out.split("main loop", 1)[1], out
+    if "--pipeline" in args:  # one wgmma in flight: one WARPGROUP.ARRIVE and one DEPBAR per K tile, not per HGMMA
+        loop = out.split("main loop", 1)[1]
+        assert "WARPGROUP 4," in loop and "HGMMA 8," in loop, out
 
 
-def _wgmma_layer(x, ids, w, experts, act, block_t, stages=4, high=True, a_smem=False):
+MODES = {"reg": {}, "smem": dict(a_smem=True), "pipe": dict(pipeline=True),
+         "pipe128": dict(pipeline=True, max_registers=128), "split": dict(pipeline=True, tail_blocks=2),
+         "split1": dict(pipeline=True, tail_blocks=1)}
+
+
+def _wgmma_layer(x, ids, w, experts, act, block_t, stages=4, high=True, mode="reg"):
     from dayzero.kernels.moe_wgmma import WgmmaConfig, moe_layer_wgmma
 
     E, n13, H = experts.w13.shape[0], experts.w13.shape[1], x.shape[1]
     w13 = experts.w13.view(torch.int32).view(E, n13, H // 8)
     w2 = experts.w2.view(torch.int32).view(E, H, n13 // 16)
     return moe_layer_wgmma(x, ids, w, w13, experts.w13_scale, w2, experts.w2_scale, experts.b13, experts.b2, act,
-                           inter=n13 // 2, config=WgmmaConfig(block_t, stages, a_smem=a_smem), high_scales=high)
+                           inter=n13 // 2, config=WgmmaConfig(block_t, stages, **MODES[mode]), high_scales=high)
 
 
 MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
@@ -108,26 +121,30 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,block_t,stages,a_smem", [(300, 64, 4, False), (2048, 128, 4, False), (8192, 128, 3, False),
-                                                          (8192, 256, 3, False), (2048, 64, 4, True),
-                                                          (8192, 128, 4, True), (8192, 256, 3, True)])
-def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, a_smem):
+@pytest.mark.parametrize("tokens,block_t,stages,mode", [
+    (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"), (8192, 256, 3, "reg"), (2048, 64, 4, "smem"),
+    (8192, 128, 4, "smem"), (8192, 256, 3, "smem"), (300, 64, 4, "pipe"), (2048, 128, 4, "pipe"),
+    (8192, 128, 4, "pipe"), (8192, 128, 4, "pipe128"), (8192, 256, 3, "pipe"), (8192, 256, 4, "split"),
+    (2048, 256, 4, "split"), (4096, 128, 4, "split1")])
+def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, mode):
     E, k, H, I, act, bias = MODELS[model]
     gen = torch.Generator().manual_seed(tokens + block_t + len(model))
     experts = random_layer(E, H, I, gen, "cuda", bias)
     x = torch.randn(tokens, H, generator=gen).bfloat16().cuda()
     ids, w = random_routing(tokens, E, k, gen, "cuda")
-    out = _wgmma_layer(x, ids, w, experts, act, block_t, stages, a_smem=a_smem)
+    out = _wgmma_layer(x, ids, w, experts, act, block_t, stages, mode=mode)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape and torch.isfinite(out).all()
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
-    low = _wgmma_layer(x, ids, w, experts, act, block_t, stages, high=False, a_smem=a_smem)  # one multiply
+    low = _wgmma_layer(x, ids, w, experts, act, block_t, stages, high=False, mode=mode)  # one multiply
     assert torch.equal(low, out)
+    if mode.startswith("pipe"):  # the same wgmmas in the same order as one at a time: the same bits
+        assert torch.equal(out, _wgmma_layer(x, ids, w, experts, act, block_t, stages))
 
 
 @cuda
-@pytest.mark.parametrize("a_smem", [False, True])
+@pytest.mark.parametrize("mode", ["reg", "smem", "pipe"])
 @pytest.mark.parametrize("act", [Activation("swiglu"), Activation("swiglu", limit=1.5), GPT_OSS])
-def test_wgmma_layer_small_shapes_cuda(act, a_smem):
+def test_wgmma_layer_small_shapes_cuda(act, mode):
     """Masked K tails (H = 96, I = 160: neither a multiple of 64), an N tail in both GEMMs, scale bytes
     above 128 (the second multiply), a few rows per expert; against the reference op too."""
     gen = torch.Generator().manual_seed(7)
@@ -139,10 +156,29 @@ def test_wgmma_layer_small_shapes_cuda(act, a_smem):
     experts = ExpertWeights("mxfp4", w13, w2, s13, s2, b13, b2)
     x = (torch.randn(T, H, generator=gen) * 2 ** -6).bfloat16().cuda()
     ids, w = random_routing(T, E, k, gen, "cuda")
-    out = _wgmma_layer(x, ids, w, experts, act, 64, a_smem=a_smem)
+    out = _wgmma_layer(x, ids, w, experts, act, 64, mode=mode)
     assert torch.isfinite(out).all()
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
     assert rel_err(out, _experts_reference(x, ids, w, experts, act)) < 1.5e-2
+
+
+@cuda
+@pytest.mark.parametrize("tokens,block_t,mode", [(500, 256, "split"), (900, 256, "split"), (700, 128, "split1"),
+                                                 (40, 256, "split")])
+def test_wgmma_layer_split_blocks_cuda(tokens, block_t, mode):
+    """Big blocks that reach past their expert's rows (stores masked), tail blocks in a second launch,
+    experts with no big block; K and N tails as in the small-shape test."""
+    gen = torch.Generator().manual_seed(tokens)
+    E, H, I, k = 6, 96, 160, 2
+    w13, s13 = random_mxfp4((E, 2 * I), H, gen, "cuda", scale_range=(110, 135))
+    w2, s2 = random_mxfp4((E, H), I, gen, "cuda", scale_range=(100, 130))
+    experts = ExpertWeights("mxfp4", w13, w2, s13, s2, (torch.randn(E, 2 * I, generator=gen) * 0.5).cuda().bfloat16(),
+                            (torch.randn(E, H, generator=gen) * 0.5).cuda().bfloat16())
+    x = (torch.randn(tokens, H, generator=gen) * 2 ** -6).bfloat16().cuda()
+    ids, w = random_routing(tokens, E, k, gen, "cuda")
+    out = _wgmma_layer(x, ids, w, experts, GPT_OSS, block_t, mode=mode)
+    assert torch.isfinite(out).all()
+    assert rel_err(out, exact(x, ids, w, experts, GPT_OSS)) < 1e-2
 
 
 @cuda
