@@ -64,7 +64,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from dayzero.kernels.moe_dispatch import BlockList
+from dayzero.kernels.moe_dispatch import BlockList, combine, dispatch, split_blocks
+from dayzero.kernels.moe_gemm import interpreting, kernel_activation
 
 BLOCK_K = 64  # the K tile, and the block within which columns are permuted
 BLOCK_N = 128  # weight rows per program (8 warps: two warp groups of 64 rows)
@@ -454,8 +455,6 @@ WGMMA_ENV = "DAYZERO_MOE_WGMMA"
 def available(x: torch.Tensor) -> bool:
     """True where this kernel runs: a compiled (not interpreted) sm_90 CUDA device, unless
     DAYZERO_MOE_WGMMA=0 keeps moe_mma."""
-    from dayzero.kernels.moe_gemm import interpreting
-
     if not x.is_cuda or interpreting() or os.environ.get(WGMMA_ENV, "1") == "0":
         return False
     return torch.cuda.get_device_capability(x.device) == (9, 0)
@@ -501,8 +500,6 @@ def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
     """(dispatch, runs) for a layer call: runs is [(config, BlockList or None)], one GEMM launch each. With
     config.tail_blocks: rows dispatched in 64-row blocks and split (moe_dispatch.split_blocks) into the big
     blocks at config.block_t rows and the tail blocks at TAIL_BLOCK rows."""
-    from dayzero.kernels.moe_dispatch import dispatch, split_blocks
-
     if not config.tail_blocks:
         return dispatch(topk_ids, num_experts, config.block_t), [(config, None)]
     d = dispatch(topk_ids, num_experts, TAIL_BLOCK)
@@ -514,8 +511,6 @@ def expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weight
                  high_scales: bool = True) -> torch.Tensor:
     """Both GEMMs over the padded rows of plan()'s dispatch: y [max_rows, H], each row times its router
     weight (xp: gather_permute's output)."""
-    from dayzero.kernels.moe_gemm import kernel_activation
-
     act, alpha = kernel_activation(activation)
     h = y = None
     for cfg, blocks in runs:
@@ -531,8 +526,6 @@ def moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activa
                     config: WgmmaConfig, high_scales: bool = True) -> torch.Tensor:
     """dispatch -> gather + permute x -> gate/up GEMM (bias, activation, h permuted) -> down GEMM (bias,
     router weight) -> combine; arguments as moe_gemm.moe_layer takes them (MXFP4 words)."""
-    from dayzero.kernels.moe_dispatch import combine
-
     d, runs = plan(topk_ids, w13.shape[0], config)
     xp = gather_permute(x, d, gather=True)
     y = expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, inter=inter,
