@@ -15,7 +15,6 @@ the path A before the decode kernels). Method as bench/moe.py (median of --reps 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -117,13 +116,7 @@ def _act(act) -> int:
     return kernel_activation(act)[0]
 
 
-def prefetch_arg(text: str) -> list[tuple[int, int]]:
-    """'0x0,1x1,2x1' -> [(0, 0), (1, 1), (2, 1)]: DecodeConfig (prefetch1, prefetch2) pairs"""
-    return [tuple(int(v) for v in t.split("x")) for t in text.split(",")]
-
-
-def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False,
-                prefetch: list | None = None) -> None:
+def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False) -> None:
     from dayzero.kernels.moe_decode import DecodeConfig, choose_decode_config, decode_gemm, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch
     from dayzero.kernels.moe_gemm import choose_config
@@ -142,13 +135,6 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         distinct = int(torch.unique(ids).numel())
         b1, b2 = distinct * mx(2 * I, H), distinct * mx(H, I)
         xq, xs = quantize_rows(x)
-        pairs = T * k
-        default = choose_decode_config(T, pairs, E, H, I)
-        if prefetch:  # the default tiles with each L2 prefetch setting, whole layers only
-            layers = {f"prefetch {p1}x{p2}": dataclasses.replace(default, prefetch1=p1, prefetch2=p2)
-                      for p1, p2 in prefetch}
-            layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct, rows)
-            continue
         best = {}
         for bm in BLOCK_MS[T]:
             d = dispatch(ids, E, bm)
@@ -173,15 +159,16 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
                         best[key] = (us, t)
         bm_best = min(BLOCK_MS[T], key=lambda bm: best[(bm, 1)][0] + best[(bm, 2)][0])
         (_, t1), (_, t2) = best[(bm_best, 1)], best[(bm_best, 2)]
+        pairs = T * k
         layers = {
-            "default": default,
+            "default": choose_decode_config(T, pairs, E, H, I),
             "best": DecodeConfig(bm_best, t1[0], t2[0], t1[1], t2[1], t1[2], t2[2],
                                  stages1=(t1 + (0,))[3], stages2=(t2 + (0,))[3]),
             "tensor-core": (choose_config(pairs, E, I, True, True), choose_config(pairs, E, H, True, False)),
         }
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct, rows)
     # Past 32 tokens: the decode kernels (tiles of 32 tokens) against the tensor-core kernel
-    for T in EXTRA_TOKENS if not prefetch else ():
+    for T in EXTRA_TOKENS:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
@@ -261,8 +248,6 @@ def main() -> None:
     ap.add_argument("--gemm2-tiles", type=tiles_arg)
     ap.add_argument("--block-m", type=int, nargs="+", help="BLOCK_M values for every token count > 1")
     ap.add_argument("--profile", action="store_true", help="only the per-kernel GPU times of the default layer")
-    ap.add_argument("--prefetch", type=prefetch_arg, metavar="P1xP2,...",
-                    help="only whole layers at 1, 8, 32 tokens: the default tiles with these L2 prefetch settings")
     ap.add_argument("--extra-only", action="store_true", help=f"only the layers at {EXTRA_TOKENS} tokens")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
@@ -284,7 +269,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.prefetch)
+        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only)
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps({"copy_bytes_per_s": bw, "rows": rows}, indent=1))

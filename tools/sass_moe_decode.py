@@ -24,23 +24,20 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from tools.sass_moe_mma import loop_opcodes, tools_bin  # noqa: E402
 
-# The runtime arguments' types by name (a version without some of them, see --compare, still compiles)
-ARG_TYPES = {"xq_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16", "out_ptr": None,
-             "out_s_ptr": "*fp32", "row_pair_ptr": "*i32", "block_expert_ptr": "*i32", "router_weight_ptr": "*fp32",
-             "next_w_ptr": "*i32", "next_s_ptr": "*u8", "S": "i32", "E": "i32", "stride_be": "i32",
-             "stride_part": "i32", "alpha": "fp32", "limit": "fp32"}
+ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
+        ("out_ptr", None), ("out_s_ptr", "*fp32"), ("row_pair_ptr", "*i32"), ("block_expert_ptr", "*i32"),
+        ("router_weight_ptr", "*fp32"), ("S", "i32"), ("E", "i32"), ("stride_be", "i32"), ("stride_part", "i32"),
+        ("alpha", "fp32"), ("limit", "fp32")]
 
 
-def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0,
-                   prefetch: int = 0):
+def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0):
     """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
     gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
-    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop; prefetch:
-    decode_gemm's L2 prefetch mode (2: of a down GEMM with K = out_n, N = k)."""
+    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop."""
     if module is None:
         from dayzero.kernels import moe_decode as module
     bm, bn, bk, warps = tile
-    names = module._moe_decode_kernel.arg_names
+    sig = {name: ty or ("*i32" if gated else "*bf16") for name, ty in ARGS}
     consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, GATHER=gated, TOP_K=4,
                   ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, K_CHUNK=0,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), USE_ASM=True)
@@ -48,13 +45,8 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
         consts["STAGES"] = stages
     elif stages:
         raise ValueError("that version of the decode kernel has no STAGES")
-    if "PREFETCH" in names:
-        consts.update(PREFETCH=prefetch, NEXT_WORDS=k * out_n // 8 if prefetch == 2 else 0)
-    elif prefetch:
-        raise ValueError("that version of the decode kernel has no PREFETCH")
-    sig = {name: "constexpr" if name in consts else ARG_TYPES[name] or ("*i32" if gated else "*bf16")
-           for name in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name.endswith("_ptr")}
+    sig.update({name: "constexpr" for name in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
     src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 
@@ -81,7 +73,6 @@ def main() -> None:
     ap.add_argument("--gated", action="store_true", help="the gate/up GEMM (gate and up rows, activation)")
     ap.add_argument("--tile", required=True, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPS, e.g. 1x64x256x8")
     ap.add_argument("--stages", type=int, default=0, help="0: register prefetch; n >= 2: the pipelined loop")
-    ap.add_argument("--prefetch", type=int, default=0, help="decode_gemm's L2 prefetch mode (0, 1, 2)")
     ap.add_argument("--compare", type=Path, help="another version of moe_decode.py to report beside this one")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
@@ -95,8 +86,7 @@ def main() -> None:
         versions.append((str(args.compare), mod))
     int_ops = ("PRMT", "LOP3", "SHF", "IADD3", "IMAD", "LEA", "ISETP", "SEL", "IDP", "I2F", "IMNMX")
     for name, mod in versions:
-        compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages if mod is None else 0,
-                                  args.prefetch if mod is None else 0)
+        compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages if mod is None else 0)
         r = report(compiled, args.k, args.gated, tile)
         per = {op: n / r["words"] for op, n in r["ops"].items()}
         ints = sum(v for op, v in per.items() if op.startswith(int_ops))

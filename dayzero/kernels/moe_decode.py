@@ -73,9 +73,7 @@ class DecodeConfig:
     power of two >= 32, capped at K); num_warps; split_k, K chunks per output tile, one program each
     (1: none; see decode_gemm); stages: 0 = weight tiles prefetched by hand two steps ahead in
     registers, n >= 2 = Triton's software pipeline with n stages (tiles copied asynchronously into
-    shared memory: fewer registers per thread, more programs and more bytes in flight per SM);
-    prefetch, L2 bulk prefetches (decode_gemm): 0 none, 1 each program's own weight rows at its start,
-    2 (gate/up only) also a share of the down GEMM's weights of the same expert."""
+    shared memory: fewer registers per thread, more programs and more bytes in flight per SM)."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -87,8 +85,6 @@ class DecodeConfig:
     split_k2: int = 1
     stages1: int = 0
     stages2: int = 0
-    prefetch1: int = 0
-    prefetch2: int = 0
 
 
 # Eight E2M1 codes (one word) -> two words of four unsigned bytes 2 * value + 24 (12..36), two byte
@@ -110,33 +106,6 @@ prmt.b32 q, $5, $6, x;
 or.b32 $1, p, q;
 }""")
 WEIGHT_OFFSET = tl.constexpr(24)  # added to each weight byte 2 * value, so that every byte is unsigned
-
-# One bulk prefetch of global bytes [start, end) into L2 (sm_90's cp.async.bulk.prefetch), issued by
-# thread 0 of the program: both ends rounded down to 16 bytes (the instruction's granule), nothing if
-# that leaves no bytes. A hint: no registers, no shared memory, nothing waits for it.
-_PREFETCH_L2_ASM = tl.constexpr("""{
-.reg .pred p;
-.reg .b32 t, n;
-.reg .b64 a, b;
-mov.u32 t, %tid.x;
-and.b64 a, $1, 0xFFFFFFFFFFFFFFF0;
-and.b64 b, $2, 0xFFFFFFFFFFFFFFF0;
-sub.s64 b, b, a;
-cvt.u32.u64 n, b;
-setp.eq.u32 p, t, 0;
-setp.gt.and.s32 p, n, 0, p;
-@p cp.async.bulk.prefetch.L2.global [a], n;
-mov.u32 $0, 0;
-}""")
-
-
-@triton.jit
-def _prefetch_l2(start, end, USE_ASM: tl.constexpr):
-    """Ask L2 for the bytes from pointer start to pointer end (see _PREFETCH_L2_ASM); nothing under the
-    interpreter, which has no cache."""
-    if USE_ASM:
-        tl.inline_asm_elementwise(_PREFETCH_L2_ASM, "=r,l,l", [start.to(tl.int64), end.to(tl.int64)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -491,11 +460,11 @@ def _row_out(acc, acc_up, r, mb, ks, stride_part, row_pair_ptr, router_weight_pt
 @triton.jit(do_not_specialize=["S", "E", "stride_be", "stride_part"])
 def _moe_decode_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
-    next_w_ptr, next_s_ptr, S, E, stride_be, stride_part, alpha, limit,
+    S, E, stride_be, stride_part, alpha, limit,
     K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PREFETCH: tl.constexpr = 0, NEXT_WORDS: tl.constexpr = 0,
+    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
@@ -541,21 +510,6 @@ def _moe_decode_kernel(
     zero = E >> 31
     w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
     s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
-    if PREFETCH > 0 and not PARTIAL:  # this program's weight rows (contiguous: all of K) into L2 at once
-        _prefetch_l2(w_base + n0 * (K // 8), w_base + (n0 + BLOCK_N) * (K // 8), USE_ASM)
-        _prefetch_l2(s_base + n0 * (K // 32), s_base + (n0 + BLOCK_N) * (K // 32), USE_ASM)
-        if GATED:
-            _prefetch_l2(w_base + (n0 + OUT_N) * (K // 8), w_base + (n0 + OUT_N + BLOCK_N) * (K // 8), USE_ASM)
-            _prefetch_l2(s_base + (n0 + OUT_N) * (K // 32), s_base + (n0 + OUT_N + BLOCK_N) * (K // 32), USE_ASM)
-    if PREFETCH > 1:  # and this program's share of the next GEMM's weights of the same expert
-        nprog = tl.num_programs(1)
-        share = tl.cdiv(NEXT_WORDS, nprog)
-        lo = tl.minimum(tl.program_id(1) * share, NEXT_WORDS)
-        hi = tl.minimum(lo + share, NEXT_WORDS)
-        next_w = next_w_ptr + expert.to(tl.int64) * NEXT_WORDS
-        next_s = next_s_ptr + expert.to(tl.int64) * (NEXT_WORDS // 4)
-        _prefetch_l2(next_w + lo, next_w + hi, USE_ASM)
-        _prefetch_l2(next_s + lo // 4, next_s + hi // 4, USE_ASM)
     KB: tl.constexpr = BLOCK_K // 32
     acc0 = tl.zeros([BLOCK_N, KB], tl.float32)
     acc1 = tl.zeros([BLOCK_N, KB], tl.float32)
@@ -620,7 +574,7 @@ def _moe_decode_kernel(
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
-                num_warps: int = 4, split_k: int = 1, stages: int = 0, prefetch: int = 0, next_weights=None):
+                num_warps: int = 4, split_k: int = 1, stages: int = 0):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
@@ -630,26 +584,9 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     split_k > 1: K is cut into at most split_k chunks of whole BLOCK_K tiles, one program each, and the
     result is float32 partial sums [chunks, max_rows, width]: with an activation width 2 * out_features
     (gate sums then up sums, no bias or activation: activate_partials finishes them), else out_features
-    (times the router weight, the bias counted in chunk 0: combine_partials sums them).
-
-    prefetch (sm_90 L2 bulk prefetches, a hint: the result does not change): 1 = each program asks L2
-    for all of its weight rows when it starts, instead of only a few K tiles ahead; 2 = also its share
-    (1 / the programs per block) of the next GEMM's weights of the block's expert, next_weights =
-    (words [E, N2, K2/8], scales [E, N2, K2/32]), so that they are on their way while this GEMM runs."""
+    (times the router weight, the bias counted in chunk 0: combine_partials sums them)."""
     E, NW, words = w.shape
     K = words * 8
-    if prefetch not in (0, 1, 2):
-        raise ValueError(f"decode_gemm: prefetch must be 0, 1 or 2, got {prefetch}")
-    next_words = 0
-    if prefetch == 2:
-        if next_weights is None:
-            raise ValueError("decode_gemm: prefetch 2 needs next_weights (the next GEMM's words and scales)")
-        nw, ns = next_weights
-        if nw.shape[0] != E or ns.shape != (*nw.shape[:2], nw.shape[2] // 4) or not (nw.is_contiguous()
-                                                                                     and ns.is_contiguous()):
-            raise ValueError(f"decode_gemm: next_weights must be contiguous words [{E}, N, K/8] and scales [{E}, N, "
-                             f"K/32], got {tuple(nw.shape)} and {tuple(ns.shape)}")
-        next_words = nw[0].numel()
     if d.block_m not in (1, 2, 4):
         raise ValueError(f"decode_gemm: dispatch block_m must be 1, 2 or 4, got {d.block_m}")
     if out_features % block_n or block_k % 32 or (activation and block_n % 32):
@@ -680,12 +617,12 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     _moe_decode_kernel[grid](
         xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy,
         d.row_pair, d.block_expert, router_weights if router_weights is not None else dummy,
-        next_weights[0] if next_words else dummy, next_weights[1] if next_words else dummy, S, E, bias.stride(0) if bias is not None else 0, out[0].numel() if k_chunk else 0, float(alpha),
+        S, E, bias.stride(0) if bias is not None else 0, out[0].numel() if k_chunk else 0, float(alpha),
         float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        STAGES=stages, PREFETCH=prefetch, NEXT_WORDS=next_words, num_warps=num_warps, num_stages=1,
+        STAGES=stages, num_warps=num_warps, num_stages=1,
     )
     return (out, out_s) if plain else out
 
@@ -776,8 +713,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         d = dispatch(topk_ids, E, config.block_m)
         xq, xs = quantize_rows(x)
     act, alpha = kernel_activation(activation)
-    tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1,
-                  prefetch=config.prefetch1, next_weights=(w2, s2) if config.prefetch1 == 2 else None)
+    tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1)
     if config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -788,7 +724,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
-                    stages=config.stages2, prefetch=config.prefetch2)
+                    stages=config.stages2)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)

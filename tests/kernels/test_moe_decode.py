@@ -250,29 +250,6 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
     assert rel_err(out, ref) < 1.5e-2
 
 
-@cuda
-@pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens", [1, 8, 32])
-def test_decode_layer_l2_prefetch_cuda(model, tokens, model_layers):  # noqa: F811
-    """The L2 bulk prefetches (DecodeConfig.prefetch1/2) are hints: with each of them the layer is bit
-    for bit the layer without, at full model shapes with the default tiles."""
-    import dataclasses
-
-    from dayzero.kernels.moe_decode import choose_decode_config
-
-    E, k, H, I, act, _ = MODELS[model]
-    experts = model_layers(model)
-    gen = torch.Generator().manual_seed(40 + tokens)
-    x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
-    ids, w = random_routing(tokens, E, k, gen, "cuda")
-    base = dataclasses.replace(choose_decode_config(tokens, tokens * k, E, H, I), prefetch1=0, prefetch2=0)
-    plain = _run(x, ids, w, experts, act, base)
-    assert rel_err(plain, exact(x, ids, w, experts, act)) < 1e-2
-    for p1, p2 in ((1, 0), (1, 1), (2, 1)):
-        out = _run(x, ids, w, experts, act, dataclasses.replace(base, prefetch1=p1, prefetch2=p2))
-        assert torch.equal(out, plain), (p1, p2)
-
-
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "1x32x256x8"],
                                   ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
                                   ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])
