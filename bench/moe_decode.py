@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, copy_bandwidth, median_ms, random_experts  # noqa: E402
+from bench.moe import MODELS, copy_bandwidth, graph_replay_us, median_ms, random_experts  # noqa: E402
+from dayzero.kernels.pdl import PDL_ENV  # noqa: E402
 from dayzero.ops.moe import ExpertWeights  # noqa: E402
 
 TOKENS = (1, 8, 32)
@@ -116,10 +118,12 @@ def _act(act) -> int:
     return kernel_activation(act)[0]
 
 
-def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False) -> None:
+def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False,
+                pdl_ab: bool = False) -> None:
     from dayzero.kernels.moe_decode import DecodeConfig, choose_decode_config, decode_gemm, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch
     from dayzero.kernels.moe_gemm import choose_config
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -135,6 +139,22 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         distinct = int(torch.unique(ids).numel())
         b1, b2 = distinct * mx(2 * I, H), distinct * mx(H, I)
         xq, xs = quantize_rows(x)
+        if pdl_ab:  # the default layer without and with programmatic dependent launch, twice each
+            for _ in range(2):
+                for value in ("0", "1"):
+                    os.environ[PDL_ENV] = value
+                    label = f"PDL {'on' if value == '1' else 'off'}"
+                    cfg = choose_decode_config(T, T * k, E, H, I)
+                    layer_rows(name, T, {label: cfg}, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct,
+                               rows)
+                    us8 = graph_replay_us(lambda s: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=cfg), copies,
+                                          reps, per_graph=8)
+                    rows.append({"model": name, "tokens": T, "gemm": "layer x8", "label": label, "us": us8,
+                                 "bw_pct": 100 * (b1 + b2) / (us8 * 1e-6) / bw})
+                    print(f"{name:>13} T={T:>3} layer {label:>11}: {us8:8.1f} us per layer, 8 per graph "
+                          f"{rows[-1]['bw_pct']:5.1f}% copy BW", flush=True)
+            os.environ.pop(PDL_ENV)
+            continue
         best = {}
         for bm in BLOCK_MS[T]:
             d = dispatch(ids, E, bm)
@@ -168,7 +188,7 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         }
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct, rows)
     # Past 32 tokens: the decode kernels (tiles of 32 tokens) against the tensor-core kernel
-    for T in EXTRA_TOKENS:
+    for T in EXTRA_TOKENS if not pdl_ab else ():
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
@@ -197,7 +217,6 @@ def profile_model(name: str, reps: int, copies: int) -> None:
     to the last one's end, against the event-timed replay (the difference is launch latency)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from bench.moe import graph_replay_us
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
     E, k, H, I, act, bias = MODELS[name]
@@ -248,6 +267,8 @@ def main() -> None:
     ap.add_argument("--gemm2-tiles", type=tiles_arg)
     ap.add_argument("--block-m", type=int, nargs="+", help="BLOCK_M values for every token count > 1")
     ap.add_argument("--profile", action="store_true", help="only the per-kernel GPU times of the default layer")
+    ap.add_argument("--pdl-ab", action="store_true",
+                    help=f"only the default layers at {TOKENS} tokens, with {PDL_ENV}=0 and =1")
     ap.add_argument("--extra-only", action="store_true", help=f"only the layers at {EXTRA_TOKENS} tokens")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
@@ -269,7 +290,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only)
+        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps({"copy_bytes_per_s": bw, "rows": rows}, indent=1))

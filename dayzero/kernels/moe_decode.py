@@ -63,6 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dayzero.kernels import pdl
 from dayzero.kernels.moe_gemm import _activate, interpreting, kernel_activation
 
 
@@ -217,11 +218,13 @@ def dequantize_rows(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, S, E, max_blocks,
                  max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BS: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr):
+                 BS: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program 0: the dispatch of S <= BS pairs (moe_dispatch's layout, pairs of an expert in pair
     order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. Pair s's rank within
     its expert counts the earlier pairs of that expert; a pair of rank divisible by BLOCK_M opens a
     block, so the first block of an expert is the number of such pairs of lower experts."""
+    pdl.start(PDL)
     pid = tl.program_id(0)
     if pid > 0:
         row = (pid - 1) // NQ
@@ -290,7 +293,8 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     bs = max(16, triton.next_power_of_2(S))
     _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
                                 max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs, CH=min(bs, 64),
-                                BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024), num_warps=8)
+                                BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024),
+                                PDL=pdl.enabled(dev), num_warps=8, **pdl.launch_options(dev))
     d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],
                  pair_row[:S])
     return d, xq, xs
@@ -464,12 +468,13 @@ def _moe_decode_kernel(
     K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0,
+    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
     K_CHUNK > 0 (split-K): K values K_CHUNK * program_id(2) .. + K_CHUNK only (a multiple of BLOCK_K),
     partial sums out (see _row_out); stride_part: elements per K chunk's slice of the partial buffer."""
+    pdl.start(PDL)
     PARTIAL: tl.constexpr = K_CHUNK > 0
     if PARTIAL:  # steps past K in the last chunk read its last tile again, with activation factor 0
         ks = tl.program_id(2)
@@ -622,7 +627,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        STAGES=stages, num_warps=num_warps, num_stages=1,
+        STAGES=stages, PDL=pdl.enabled(dev), num_warps=num_warps, num_stages=1, **pdl.launch_options(dev),
     )
     return (out, out_s) if plain else out
 
@@ -631,9 +636,10 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
 def _activate_partials_kernel(part_ptr, bias_ptr, hq_ptr, hs_ptr, row_pair_ptr, block_expert_ptr, S, stride_be,
                               stride_part, alpha, limit, N: tl.constexpr, CHUNKS: tl.constexpr,
                               ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+                              BLOCK_M: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """Columns n0..n0+BLOCK of padded row program_id(0): the K chunks' gate and up sums added in chunk
     order, biases, activation, quantized into the hq/hs layout."""
+    pdl.start(PDL)
     row = tl.program_id(0)
     if tl.load(row_pair_ptr + row) >= S:  # padding
         return
@@ -667,13 +673,15 @@ def activate_partials(part, bias, d, *, activation: int, alpha: float = 1.0, lim
             part, bias if bias is not None else part, hq, hs, d.row_pair, d.block_expert, d.pair_row.shape[0],
             bias.stride(0) if bias is not None else 0, part[0].numel(), float(alpha),
             float(limit) if limit is not None else 0.0, N=inter, CHUNKS=chunks, ACTIVATION=activation,
-            HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, BLOCK_M=d.block_m, BLOCK=block)
+            HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, BLOCK_M=d.block_m, BLOCK=block,
+            PDL=pdl.enabled(part.device), **pdl.launch_options(part.device))
     return hq, hs
 
 
 @triton.jit(do_not_specialize=["stride_part"])
 def _combine_partials_kernel(part_ptr, pair_row_ptr, out_ptr, stride_part, H: tl.constexpr, TOP_K: tl.constexpr,
-                             CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr):
+                             CHUNKS: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
+    pdl.start(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], tl.float32)
@@ -693,7 +701,8 @@ def combine_partials(part, d, num_tokens: int, out_dtype: torch.dtype) -> torch.
     if num_tokens:
         block_h = min(1024, triton.next_power_of_2(H))
         _combine_partials_kernel[(num_tokens, triton.cdiv(H, block_h))](
-            part, d.pair_row, out, part[0].numel(), H=H, TOP_K=d.top_k, CHUNKS=chunks, BLOCK_H=block_h)
+            part, d.pair_row, out, part[0].numel(), H=H, TOP_K=d.top_k, CHUNKS=chunks, BLOCK_H=block_h,
+            PDL=pdl.enabled(part.device), **pdl.launch_options(part.device))
     return out
 
 

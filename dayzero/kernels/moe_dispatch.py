@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dayzero.kernels import pdl
+
 
 
 @dataclass
@@ -202,7 +204,8 @@ def split_blocks(d: Dispatch, big: int, tail_max: int) -> tuple[BlockList, Block
 
 @triton.jit
 def _combine_kernel(y_ptr, pair_row_ptr, out_ptr, H, stride_y, stride_out,
-                    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+                    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.start(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], tl.float32)
@@ -222,7 +225,8 @@ def combine(y: torch.Tensor, d: Dispatch, num_tokens: int, out_dtype: torch.dtyp
         return out
     block_h = min(1024, triton.next_power_of_2(H))
     _combine_kernel[(num_tokens, triton.cdiv(H, block_h))](y, d.pair_row, out, H, y.stride(0), out.stride(0),
-                                                            TOP_K=d.top_k, BLOCK_H=block_h)
+                                                            TOP_K=d.top_k, BLOCK_H=block_h, PDL=pdl.enabled(y.device),
+                                                            **pdl.launch_options(y.device))
     return out
 
 

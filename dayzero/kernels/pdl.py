@@ -1,0 +1,52 @@
+"""Programmatic dependent launch (PDL, sm_90+) for chains of small kernels: the decode layer's four
+launches, each a few microseconds long.
+
+A kernel launched with `launch_pdl=True` may be scheduled while the kernel before it in the stream is
+still running, as soon as every program of that one has passed `gdc_launch_dependents` (or exited).
+Its programs then sit resident at `gdc_wait` until the earlier kernel has completed and its memory is
+visible, so the launch latency and the ramp-up of the next grid overlap the tail of the previous one.
+
+The rule every kernel here follows: `start(PDL)` comes first, before any load or store (a buffer this
+kernel writes may be memory the earlier kernel still reads), and it releases the next kernel at once.
+Releasing early is safe: the next kernel's programs only take SM slots that this kernel's last wave
+has left, and they wait for this kernel's completion before touching memory; a kernel two launches
+back has completed by then, because this kernel's programs passed their own wait before releasing.
+
+`DAYZERO_PDL=0` turns it off (read at every launch). The interpreter has no grid dependencies: off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+PDL_ENV = "DAYZERO_PDL"
+
+
+def enabled(device: torch.device) -> bool:
+    """Whether kernels on `device` launch with PDL: CUDA of compute capability 9 or more, not under the
+    interpreter, and DAYZERO_PDL not "0"."""
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return False
+    value = os.environ.get(PDL_ENV, "1").strip()
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
+    return value != "0" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def launch_options(device: torch.device) -> dict:
+    """The launch keyword for a kernel that starts with start(PDL): {"launch_pdl": True} where enabled,
+    else nothing (the interpreter accepts no such option)."""
+    return {"launch_pdl": True} if enabled(device) else {}
+
+
+@triton.jit
+def start(PDL: tl.constexpr):
+    """First statement of a kernel launched with launch_options: wait for the kernel before (its writes
+    visible), then let the next one be scheduled."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
