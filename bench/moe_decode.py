@@ -15,7 +15,6 @@ the path A before the decode kernels). Method as bench/moe.py (median of --reps 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -120,7 +119,7 @@ def _act(act) -> int:
 
 
 def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_only: bool = False,
-                ab: str | None = None) -> None:
+                pdl_ab: bool = False) -> None:
     from dayzero.kernels.moe_decode import DecodeConfig, choose_decode_config, decode_gemm, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch
     from dayzero.kernels.moe_gemm import choose_config
@@ -140,14 +139,12 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         distinct = int(torch.unique(ids).numel())
         b1, b2 = distinct * mx(2 * I, H), distinct * mx(H, I)
         xq, xs = quantize_rows(x)
-        if ab:  # the default layer without and with programmatic dependent launch / the combine in the down GEMM
+        if pdl_ab:  # the default layer without and with programmatic dependent launch, twice each
             for _ in range(2):
-                for on in (False, True):
-                    os.environ[PDL_ENV] = "1" if on or ab != "pdl" else "0"
-                    label = f"{ab} {'on' if on else 'off'}"
+                for value in ("0", "1"):
+                    os.environ[PDL_ENV] = value
+                    label = f"PDL {'on' if value == '1' else 'off'}"
                     cfg = choose_decode_config(T, T * k, E, H, I)
-                    if ab == "combine":
-                        cfg = dataclasses.replace(cfg, down_combines=on)
                     layer_rows(name, T, {label: cfg}, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct,
                                rows)
                     us8 = graph_replay_us(lambda s: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=cfg), copies,
@@ -191,7 +188,7 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         }
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, b1 + b2, distinct, rows)
     # Past 32 tokens: the decode kernels (tiles of 32 tokens) against the tensor-core kernel
-    for T in EXTRA_TOKENS if not ab else ():
+    for T in EXTRA_TOKENS if not pdl_ab else ():
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
@@ -270,9 +267,8 @@ def main() -> None:
     ap.add_argument("--gemm2-tiles", type=tiles_arg)
     ap.add_argument("--block-m", type=int, nargs="+", help="BLOCK_M values for every token count > 1")
     ap.add_argument("--profile", action="store_true", help="only the per-kernel GPU times of the default layer")
-    ap.add_argument("--ab", choices=("pdl", "combine"),
-                    help=f"only the default layers at {TOKENS} tokens, without and with PDL ({PDL_ENV}) or the "
-                         "combine in the down GEMM (DecodeConfig.down_combines)")
+    ap.add_argument("--pdl-ab", action="store_true",
+                    help=f"only the default layers at {TOKENS} tokens, with {PDL_ENV}=0 and =1")
     ap.add_argument("--extra-only", action="store_true", help=f"only the layers at {EXTRA_TOKENS} tokens")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
@@ -294,7 +290,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.ab)
+        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps({"copy_bytes_per_s": bw, "rows": rows}, indent=1))

@@ -24,22 +24,20 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from tools.sass_moe_mma import loop_opcodes, tools_bin  # noqa: E402
 
-# The runtime arguments' types by name (a version without some of them, see --compare, still compiles)
-ARG_TYPES = {"xq_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16", "out_ptr": None,
-             "out_s_ptr": "*fp32", "row_pair_ptr": "*i32", "block_expert_ptr": "*i32", "router_weight_ptr": "*fp32",
-             "pair_row_ptr": "*i32", "count_ptr": "*i32", "final_ptr": "*bf16", "S": "i32", "E": "i32",
-             "stride_be": "i32", "stride_part": "i32", "alpha": "fp32", "limit": "fp32"}
+ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
+        ("out_ptr", None), ("out_s_ptr", "*fp32"), ("row_pair_ptr", "*i32"), ("block_expert_ptr", "*i32"),
+        ("router_weight_ptr", "*fp32"), ("S", "i32"), ("E", "i32"), ("stride_be", "i32"), ("stride_part", "i32"),
+        ("alpha", "fp32"), ("limit", "fp32")]
 
 
 def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0):
     """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
-    gated, the combine in the down GEMM where the version has it) for sm_90; `module` defaults to
-    dayzero.kernels.moe_decode (another version's file can be passed to compare); stages: 0 the
-    register prefetch, n >= 2 the software-pipelined loop."""
+    gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
+    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop."""
     if module is None:
         from dayzero.kernels import moe_decode as module
     bm, bn, bk, warps = tile
-    names = module._moe_decode_kernel.arg_names
+    sig = {name: ty or ("*i32" if gated else "*bf16") for name, ty in ARGS}
     consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, GATHER=gated, TOP_K=4,
                   ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, K_CHUNK=0,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), USE_ASM=True)
@@ -47,11 +45,8 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
         consts["STAGES"] = stages
     elif stages:
         raise ValueError("that version of the decode kernel has no STAGES")
-    if "COMBINE" in names:
-        consts.update(COMBINE=not gated, PDL=True)
-    sig = {name: "constexpr" if name in consts else ARG_TYPES[name] or ("*i32" if gated else "*bf16")
-           for name in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if name.endswith("_ptr")}
+    sig.update({name: "constexpr" for name in consts})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
     src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 

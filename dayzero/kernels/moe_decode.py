@@ -64,7 +64,6 @@ import triton
 import triton.language as tl
 
 from dayzero.kernels import pdl
-from dayzero.kernels.moe_dispatch import Dispatch, combine, dispatch, dispatch_sizes
 from dayzero.kernels.moe_gemm import _activate, interpreting, kernel_activation
 
 
@@ -75,9 +74,7 @@ class DecodeConfig:
     power of two >= 32, capped at K); num_warps; split_k, K chunks per output tile, one program each
     (1: none; see decode_gemm); stages: 0 = weight tiles prefetched by hand two steps ahead in
     registers, n >= 2 = Triton's software pipeline with n stages (tiles copied asynchronously into
-    shared memory: fewer registers per thread, more programs and more bytes in flight per SM);
-    down_combines: the down GEMM also does the final k-slot sum (decode_gemm's combine_into) where
-    prep runs and the down GEMM is not split, instead of a separate combine launch."""
+    shared memory: fewer registers per thread, more programs and more bytes in flight per SM)."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -89,7 +86,6 @@ class DecodeConfig:
     split_k2: int = 1
     stages1: int = 0
     stages2: int = 0
-    down_combines: bool = True
 
 
 # Eight E2M1 codes (one word) -> two words of four unsigned bytes 2 * value + 24 (12..36), two byte
@@ -220,18 +216,14 @@ def dequantize_rows(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, count_ptr, out_ptr, S,
-                 E, max_blocks, max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr,
-                 BLOCK_M: tl.constexpr, BS: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr,
-                 NB: tl.constexpr, PDL: tl.constexpr, TOP_K: tl.constexpr = 1, SLICES: tl.constexpr = 0):
+def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, S, E, max_blocks,
+                 max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BS: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program 0: the dispatch of S <= BS pairs (moe_dispatch's layout, pairs of an expert in pair
     order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. Pair s's rank within
     its expert counts the earlier pairs of that expert; a pair of rank divisible by BLOCK_M opens a
-    block, so the first block of an expert is the number of such pairs of lower experts.
-
-    SLICES > 0 (the down GEMM combines, see _arrive): the quantizing programs also set token row's
-    arrival counters [SLICES] to its number of invalid pairs (TOP_K - the valid ones, which arrive)
-    and write its output columns as zeros if it has no valid pair (nothing would write them)."""
+    block, so the first block of an expert is the number of such pairs of lower experts."""
     pdl.start(PDL)
     pid = tl.program_id(0)
     if pid > 0:
@@ -241,15 +233,6 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
         v = tl.load(x_ptr + row.to(tl.int64) * K + offs, mask=offs < K, other=0.0).to(tl.float32)
         _quantize_store(v, xq_ptr + row.to(tl.int64) * (K // 2), xs_ptr + row.to(tl.int64) * (K // 16), n0, K,
                         QBLOCK)
-        if SLICES > 0:
-            slot = tl.arange(0, triton.next_power_of_2(TOP_K))
-            slot_id = tl.load(ids_ptr + row * TOP_K + slot, mask=slot < TOP_K, other=-1)
-            nvalid = tl.sum(((slot_id >= 0) & (slot_id < E)).to(tl.int32), axis=0)
-            cs = tl.arange(0, triton.next_power_of_2(SLICES))
-            tl.store(count_ptr + row * SLICES + cs, tl.zeros_like(cs) + (TOP_K - nvalid),
-                     mask=(cs < SLICES) & (n0 == 0))
-            tl.store(out_ptr + row.to(tl.int64) * K + offs, tl.zeros_like(v).to(out_ptr.dtype.element_ty),
-                     mask=(offs < K) & (nvalid == 0))
     else:
         s = tl.arange(0, BS)
         ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
@@ -287,11 +270,12 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
 PREP_MAX_PAIRS = 512
 
 
-def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int, combine=None):
+def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int):
     """(Dispatch, xq, xs) in one launch for at most PREP_MAX_PAIRS pairs: moe_dispatch.dispatch's
     block_expert/row_pair/pair_row (pairs of an expert in pair order; counts and expert_block are not
-    computed: None) and quantize_rows(x). combine = (counters int32 [T, slices], out [T, H]) for a
-    down GEMM that combines (decode_gemm's combine_into): their initial values are set here."""
+    computed: None) and quantize_rows(x)."""
+    from dayzero.kernels.moe_dispatch import Dispatch, dispatch_sizes
+
     T, H = x.shape
     ids = topk_ids.contiguous().view(-1)
     S = ids.numel()
@@ -307,16 +291,10 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     qblock = min(1024, triton.next_power_of_2(H))
     nq = triton.cdiv(H, qblock)
     bs = max(16, triton.next_power_of_2(S))
-    counters, out = combine if combine is not None else (pair_row, x)
-    if combine is not None and (counters.shape[0] != T or out.shape != x.shape or not counters.is_contiguous()):
-        raise ValueError(f"prep: combine needs counters [{T}, slices] and out {tuple(x.shape)}, got "
-                         f"{tuple(counters.shape)} and {tuple(out.shape)}")
-    _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, counters, out, S, num_experts,
-                                max_blocks, max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs,
-                                CH=min(bs, 64), BR=1024, NR=triton.cdiv(max_rows, 1024),
-                                NB=triton.cdiv(max_blocks, 1024), PDL=pdl.enabled(dev), TOP_K=topk_ids.shape[1],
-                                SLICES=counters.shape[1] if combine is not None else 0, num_warps=8,
-                                **pdl.launch_options(dev))
+    _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
+                                max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs, CH=min(bs, 64),
+                                BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024),
+                                PDL=pdl.enabled(dev), num_warps=8, **pdl.launch_options(dev))
     d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],
                  pair_row[:S])
     return d, xq, xs
@@ -483,42 +461,19 @@ def _row_out(acc, acc_up, r, mb, ks, stride_part, row_pair_ptr, router_weight_pt
             tl.store(out_ptr + row * OUT_N + offs_n, v.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
-def _arrive(r, mb, row_pair_ptr, pair_row_ptr, y_ptr, count_ptr, final_ptr, offs_n, TOP_K: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_N: tl.constexpr):
-    """The down GEMM's combine, done by the last program to finish a token's output slice: padded row
-    mb*BLOCK_M + r (its y slice stored, and ordered before this by the caller's barrier) counts in at
-    its token's counter of this column slice (prep set it to the token's invalid pairs); the program
-    that brings it to TOP_K sums the token's k slots of y in slot order (as moe_dispatch.combine: the
-    same result whichever program it is) into the final output. The atomic is acquire-release at GPU
-    scope, and the slots are read from L2 (.cg): another program wrote them."""
-    t = tl.load(row_pair_ptr + mb * BLOCK_M + r) // TOP_K
-    arrived = tl.atomic_add(count_ptr + t * tl.num_programs(1) + tl.program_id(1), 1, sem="acq_rel", scope="gpu")
-    if arrived == TOP_K - 1:
-        acc = tl.zeros([BLOCK_N], tl.float32)
-        for j in tl.static_range(TOP_K):
-            row = tl.load(pair_row_ptr + t * TOP_K + j)
-            y = tl.load(y_ptr + row.to(tl.int64) * OUT_N + offs_n, mask=(offs_n < OUT_N) & (row >= 0), other=0.0,
-                        cache_modifier=".cg")
-            acc += y.to(tl.float32)
-        tl.store(final_ptr + t.to(tl.int64) * OUT_N + offs_n, acc.to(final_ptr.dtype.element_ty))
-
-
 @triton.jit(do_not_specialize=["S", "E", "stride_be", "stride_part"])
 def _moe_decode_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
-    pair_row_ptr, count_ptr, final_ptr, S, E, stride_be, stride_part, alpha, limit,
+    S, E, stride_be, stride_part, alpha, limit,
     K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, COMBINE: tl.constexpr = False,
+    USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
     K_CHUNK > 0 (split-K): K values K_CHUNK * program_id(2) .. + K_CHUNK only (a multiple of BLOCK_K),
-    partial sums out (see _row_out); stride_part: elements per K chunk's slice of the partial buffer.
-    COMBINE (down GEMM, no split-K): each row's token is also combined into final_ptr by whichever
-    program finishes that token's slice last (_arrive; counters at count_ptr, slots at pair_row_ptr)."""
+    partial sums out (see _row_out); stride_part: elements per K chunk's slice of the partial buffer."""
     pdl.start(PDL)
     PARTIAL: tl.constexpr = K_CHUNK > 0
     if PARTIAL:  # steps past K in the last chunk read its last tile again, with activation factor 0
@@ -620,26 +575,11 @@ def _moe_decode_kernel(
             _row_out(acc3, up3, 3, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
                      out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
                      BLOCK_M, BLOCK_N, OUT_N)
-    if COMBINE:
-        tl.debug_barrier()  # every thread's y stores of this program come before its arrivals
-        _arrive(0, mb, row_pair_ptr, pair_row_ptr, out_ptr, count_ptr, final_ptr, offs_n, TOP_K, BLOCK_M, BLOCK_N,
-                OUT_N)
-        if BLOCK_M > 1:
-            if nrows > 1:
-                _arrive(1, mb, row_pair_ptr, pair_row_ptr, out_ptr, count_ptr, final_ptr, offs_n, TOP_K, BLOCK_M,
-                        BLOCK_N, OUT_N)
-        if BLOCK_M > 2:
-            if nrows > 2:
-                _arrive(2, mb, row_pair_ptr, pair_row_ptr, out_ptr, count_ptr, final_ptr, offs_n, TOP_K, BLOCK_M,
-                        BLOCK_N, OUT_N)
-            if nrows > 3:
-                _arrive(3, mb, row_pair_ptr, pair_row_ptr, out_ptr, count_ptr, final_ptr, offs_n, TOP_K, BLOCK_M,
-                        BLOCK_N, OUT_N)
 
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
-                num_warps: int = 4, split_k: int = 1, stages: int = 0, combine_into=None):
+                num_warps: int = 4, split_k: int = 1, stages: int = 0):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
@@ -649,11 +589,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     split_k > 1: K is cut into at most split_k chunks of whole BLOCK_K tiles, one program each, and the
     result is float32 partial sums [chunks, max_rows, width]: with an activation width 2 * out_features
     (gate sums then up sums, no bias or activation: activate_partials finishes them), else out_features
-    (times the router weight, the bias counted in chunk 0: combine_partials sums them).
-
-    combine_into = (counters int32 [T, out_features / block_n], out [T, out_features]), both set up by
-    prep(combine=...) (down GEMM, no split-K): the GEMM also does moe_dispatch.combine's sum into out
-    (see _arrive) and returns out, saving the combine launch."""
+    (times the router weight, the bias counted in chunk 0: combine_partials sums them)."""
     E, NW, words = w.shape
     K = words * 8
     if d.block_m not in (1, 2, 4):
@@ -678,32 +614,21 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=dev)
         out_s = None
     plain = split_k <= 1 and activation
-    if combine_into is not None:
-        counters, final = combine_into
-        if activation or split_k > 1 or router_weights is None or tuple(counters.shape[1:]) != (out_features // block_n,) \
-                or final.shape[1] != out_features or counters.shape[0] != final.shape[0]:
-            raise ValueError(f"decode_gemm: combine_into is for a down GEMM without split-K (router weights, no "
-                             f"activation) with counters [T, {out_features // block_n}] and out [T, {out_features}], "
-                             f"got {tuple(counters.shape)} and {tuple(final.shape)}")
     if d.max_rows == 0:
-        return combine_into[1] if combine_into is not None else (out, out_s) if plain else out
+        return (out, out_s) if plain else out
     dummy = d.pair_row
     S = d.pair_row.shape[0]
     grid = (d.max_blocks, out_features // block_n, chunks)
     _moe_decode_kernel[grid](
         xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy,
-        d.row_pair, d.block_expert, router_weights if router_weights is not None else dummy, d.pair_row,
-        combine_into[0] if combine_into is not None else dummy, combine_into[1] if combine_into is not None else dummy,
+        d.row_pair, d.block_expert, router_weights if router_weights is not None else dummy,
         S, E, bias.stride(0) if bias is not None else 0, out[0].numel() if k_chunk else 0, float(alpha),
         float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        STAGES=stages, PDL=pdl.enabled(dev), COMBINE=combine_into is not None, num_warps=num_warps, num_stages=1,
-        **pdl.launch_options(dev),
+        STAGES=stages, PDL=pdl.enabled(dev), num_warps=num_warps, num_stages=1, **pdl.launch_options(dev),
     )
-    if combine_into is not None:
-        return combine_into[1]
     return (out, out_s) if plain else out
 
 
@@ -784,18 +709,15 @@ def combine_partials(part, d, num_tokens: int, out_dtype: torch.dtype) -> torch.
 def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
                      config: DecodeConfig) -> torch.Tensor:
     """dispatch + quantize x -> gate/up GEMM (bias, activation, quantized h) -> down GEMM (bias, router
-    weight) -> combine, which the down GEMM does itself (config.down_combines) where prep ran (up to
-    PREP_MAX_PAIRS pairs, no down split-K): three launches. Arguments checked by moe_experts_mxfp4; w13/w2 int32 words. With config.split_k1
+    weight) -> combine. Arguments checked by moe_experts_mxfp4; w13/w2 int32 words. With config.split_k1
     the gate/up GEMM leaves partial sums and activate_partials (one more launch) finishes h; with
     split_k2 combine_partials sums the down GEMM's chunks with the k slots (in place of combine)."""
+    from dayzero.kernels.moe_dispatch import combine, dispatch
+
     T, H = x.shape
     E = w13.shape[0]
-    combine_into = None
     if topk_ids.numel() <= PREP_MAX_PAIRS:
-        if config.down_combines and config.split_k2 <= 1:  # the down GEMM combines (prep sets up its counters)
-            combine_into = (torch.empty(T, H // config.block_n2, dtype=torch.int32, device=x.device),
-                            torch.empty_like(x))
-        d, xq, xs = prep(x, topk_ids, E, config.block_m, combine=combine_into)
+        d, xq, xs = prep(x, topk_ids, E, config.block_m)
     else:
         d = dispatch(topk_ids, E, config.block_m)
         xq, xs = quantize_rows(x)
@@ -811,9 +733,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
-                    stages=config.stages2, combine_into=combine_into)
-    if combine_into is not None:
-        return y
+                    stages=config.stages2)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)

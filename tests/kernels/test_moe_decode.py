@@ -139,40 +139,6 @@ def test_quantize_rows_interpreted():
 
 
 @interpreter
-@pytest.mark.parametrize("block_m", [1, 2])
-def test_decode_layer_combines_in_down_gemm_interpreted(block_m):
-    """The down GEMM's own combine (the last program of a token's slice sums its k slots): the same
-    bits as the separate combine kernel (split-K down GEMM off, the 4-launch layer), with expert ids
-    outside [0, E) dropped, including a token that has no valid pair (its row must come out zero)."""
-    import dataclasses
-
-    from dayzero.kernels import moe_decode
-
-    gen = torch.Generator().manual_seed(7)
-    E, H, I = 6, 96, 64
-    experts = random_layer(E, H, I, gen, "cpu", True)
-    x = torch.randn(5, H, generator=gen).bfloat16()
-    ids, w = random_routing(5, E, 2, gen, "cpu")
-    ids[1, 0] = -1
-    ids[3] = torch.tensor([E, E + 2])  # no valid pair
-    config = moe_decode.DecodeConfig(block_m, 64, 32, 64, 64)
-    out = _run(x, ids, w, experts, ACTIVATIONS["gpt_oss"], config)
-    four = _run(x, ids, w, experts, ACTIVATIONS["gpt_oss"], dataclasses.replace(config, down_combines=False))
-    assert torch.equal(out, four)
-    assert (out[3] == 0).all() and out[[0, 1, 2, 4]].abs().amax(dim=1).min() > 0
-    kept = torch.where((ids >= 0) & (ids < E), ids, 0)
-    assert rel_err(out, exact(x, kept, torch.where(ids == kept, w, 0), experts, ACTIVATIONS["gpt_oss"])) < 1e-2
-
-    # what prep sets up for it, on poisoned buffers: each token's counters start at its invalid pairs,
-    # and only the token without a valid pair gets its output row (zeros) from prep
-    counters = torch.full((5, 3), 77, dtype=torch.int32)
-    final = torch.full_like(x, float("nan"))
-    moe_decode.prep(x, ids, E, block_m, combine=(counters, final))
-    assert counters.tolist() == [[c] * 3 for c in (0, 1, 0, 2, 0)]
-    assert (final[3] == 0).all() and final[[0, 1, 2, 4]].isnan().all()
-
-
-@interpreter
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 4, 128, 1), (9, 2, 6, 4), (40, 8, 16, 2)])
 def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, block_m):
     """The one-launch dispatch + quantization of the decode path: the reference dispatch (also stable
