@@ -97,10 +97,11 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
                        x, ids, rw, *words[s][:2], *words[s][2:], base.b13, base.b2, act, inter=I, config=cfg,
                        high_scales=high))
         cfg = moe_wgmma.choose_wgmma_config(T * k, E)
-        d, runs = moe_wgmma.plan(ids, E, cfg)
-        xp = moe_wgmma.gather_permute(x, d, gather=True)
-        record(f"gemms only {cfg_label(cfg)}lo", lambda s: moe_wgmma.expert_gemms(
-            xp, d, runs, *words[s], base.b13, base.b2, act, rw, inter=I, high_scales=False), gemm_only=True)
+        if cfg is not None:  # (None: the decode kernels or moe_gemm run this size)
+            d, runs = moe_wgmma.plan(ids, E, cfg)
+            xp = moe_wgmma.gather_permute(x, d, gather=True)
+            record(f"gemms only {cfg_label(cfg)}lo", lambda s: moe_wgmma.expert_gemms(
+                xp, d, runs, *words[s], base.b13, base.b2, act, rw, inter=I, high_scales=False), gemm_only=True)
         record("layer (default choice)", lambda s: moe_experts_mxfp4_fused(x, ids, rw, mx[s], act))
         mma = choose_mma_configs(T * k, E, True, I, H)
         if mma is not None:

@@ -758,6 +758,9 @@ def splitk_chunks() -> int:
 
 
 DECODE_MAX_ROWS_PER_EXPERT = 3.5  # expected pairs per active expert up to which the decode kernels run
+# ... where moe_wgmma runs (sm_90): its 16-row blocks measured 1.08x faster at 3.1 rows (DeepSeek-V4, 128
+# tokens) and 0.71x at 1.6 (gpt-oss-120b, 32 tokens); 2.5 is where the decode kernels go to 4-row blocks
+DECODE_MAX_ROWS_WGMMA = 2.5
 
 
 def expected_active_experts(num_tokens: int, top_k: int, num_experts: int) -> float:
@@ -766,11 +769,12 @@ def expected_active_experts(num_tokens: int, top_k: int, num_experts: int) -> fl
 
 
 def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidden: int, inter: int,
-                         num_sms: int = 132) -> DecodeConfig | None:
+                         num_sms: int = 132, max_rows: float = DECODE_MAX_ROWS_PER_EXPERT) -> DecodeConfig | None:
     """The decode kernels' tiles from static sizes alone, or None where the tensor-core GEMM should run
-    (more than DECODE_MAX_ROWS_PER_EXPERT expected rows per active expert: on the H200 the decode
-    kernels were faster at 64 tokens on gpt-oss-120b shapes (2.3 rows) and at 128 tokens on DeepSeek-V4
-    shapes (3.2 rows), slower at 128 tokens on gpt-oss-120b (4.1 rows)).
+    (more than max_rows expected rows per active expert. DECODE_MAX_ROWS_PER_EXPERT against moe_gemm's
+    tensor-core kernel: on the H200 the decode kernels were faster at 64 tokens on gpt-oss-120b shapes
+    (2.3 rows) and at 128 tokens on DeepSeek-V4 shapes (3.2 rows), slower at 128 tokens on gpt-oss-120b
+    (4.1 rows); DECODE_MAX_ROWS_WGMMA against moe_wgmma's 16-row blocks, where that kernel runs).
 
     Measured on the H200 (bench/moe_decode.py; docs/kernels.md, 2026-12-01 sweeps): BLOCK_M 1 while
     experts see about one row, else 2 (4 past 2.5 rows); Triton's 3-stage pipeline through shared
@@ -783,7 +787,7 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
     top_k = max(1, num_pairs // max(1, num_tokens))
     active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
     rows = num_pairs / active
-    if rows > DECODE_MAX_ROWS_PER_EXPERT:
+    if rows > max_rows:
         return None
     block_m = 1 if rows <= 1.25 else 2 if rows <= 2.5 else 4
     few1 = active * inter / 32 < 4 * num_sms

@@ -333,15 +333,18 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
     pairs = topk_ids.numel()
     from dayzero.kernels import moe_wgmma
 
+    wgmma = mxfp4 and moe_wgmma.available(x)
     if mxfp4 and not isinstance(configs, (tuple, moe_wgmma.WgmmaConfig)):
-        from dayzero.kernels.moe_decode import choose_decode_config, moe_layer_decode
+        from dayzero.kernels.moe_decode import (DECODE_MAX_ROWS_PER_EXPERT, DECODE_MAX_ROWS_WGMMA,
+                                                choose_decode_config, moe_layer_decode)
 
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        decode = configs or choose_decode_config(T, pairs, E, H, inter, sms)
+        decode = configs or choose_decode_config(T, pairs, E, H, inter, sms,
+                                                 DECODE_MAX_ROWS_WGMMA if wgmma else DECODE_MAX_ROWS_PER_EXPERT)
         if decode is not None:
             return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,
                                     config=decode)
-    if mxfp4 and (isinstance(configs, moe_wgmma.WgmmaConfig) or configs is None and moe_wgmma.available(x)):
+    if mxfp4 and (isinstance(configs, moe_wgmma.WgmmaConfig) or configs is None and wgmma):
         wg = configs or moe_wgmma.choose_wgmma_config(pairs, E)
         if wg is not None:
             high = high_scales() if callable(high_scales) else high_scales

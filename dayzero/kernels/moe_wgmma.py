@@ -465,6 +465,10 @@ def available(x: torch.Tensor) -> bool:
 # 64-row tail block 0.8 (bound by the weight upcast, which does not shrink with the rows); a 128-row block
 # of the register kernel (two programs per SM) 0.64.
 _COST_TAIL, _COST_128 = 0.8, 0.64
+# Up to 96 rows per expert, the register kernel's block cost by its rows, relative to 32 (the same run
+# of bench/moe_wgmma.py at 128 tokens, one block per expert at every size: 16 rows 0.94-0.95, 64 rows 1.23
+# on both models; at 512 tokens on gpt-oss-120b these costs predict the measured 1.28 and 1.23).
+_COST_SMALL = {16: 0.94, 32: 1.0, 64: 1.23}
 
 
 def _expected_cost(r: float, cost) -> float:
@@ -473,17 +477,17 @@ def _expected_cost(r: float, cost) -> float:
     return sum(cost(max(1, round(c))) for c in (r - sd, r, r + sd)) / 3
 
 
-def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig | None:
-    """The tile from the expected rows per active expert r, or None below r = 8 (moe_decode / moe_gemm
-    keep those). Up to 96: 64-row blocks. Above: the cheapest of 256-row pipelined blocks, the same with
-    each expert's last rows as one 64-row tail block where they fit, and 128-row blocks, by the costs above
-    (the padding of each layout is what separates them)."""
+def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig:
+    """The tile from the rows per expert r (pairs / min(experts, pairs); moe_layer runs the decode kernels
+    first where they are faster, see moe_decode.DECODE_MAX_ROWS_WGMMA). Up to 96: the cheapest of 16-,
+    32- and 64-row blocks of the register kernel by _COST_SMALL. Above: the cheapest of 256-row pipelined
+    blocks, the same with each expert's last rows as one 64-row tail block where they fit, and 128-row
+    blocks, by the costs above (the padding of each layout is what separates them)."""
     active = max(1, min(num_experts, num_pairs))
     r = num_pairs / active
-    if r <= 8:
-        return None
     if r <= 96:
-        return WgmmaConfig(64)
+        return min((WgmmaConfig(bt) for bt in _COST_SMALL),
+                   key=lambda c: _expected_cost(r, lambda n: _COST_SMALL[c.block_t] * -(-n // c.block_t)))
 
     def split(c):
         nb = -(-c // TAIL_BLOCK)

@@ -161,12 +161,16 @@ def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, 
 
 @interpreter
 def test_choose_decode_config():
-    from dayzero.kernels.moe_decode import choose_decode_config
+    from dayzero.kernels.moe_decode import DECODE_MAX_ROWS_WGMMA, choose_decode_config
 
     assert choose_decode_config(1, 4, 128, 2880, 2880).block_m == 1
     assert choose_decode_config(32, 128, 128, 2880, 2880) is not None
     assert choose_decode_config(128, 512, 128, 2880, 2880) is None  # ~4 rows per active expert: tensor cores
     assert choose_decode_config(128, 768, 256, 4096, 2048) is not None  # ~3.2
+    # where moe_wgmma runs, its 16-row blocks take over above 2.5 rows
+    assert choose_decode_config(128, 768, 256, 4096, 2048, max_rows=DECODE_MAX_ROWS_WGMMA) is None
+    assert choose_decode_config(32, 128, 128, 2880, 2880, max_rows=DECODE_MAX_ROWS_WGMMA) is not None  # ~1.6
+    assert choose_decode_config(64, 256, 128, 2880, 2880, max_rows=DECODE_MAX_ROWS_WGMMA) is not None  # ~2.3
     one = choose_decode_config(1, 4, 128, 2880, 2880)  # 360 gate/up programs: K over 8 warps
     assert (one.block_n1, one.block_k1, one.num_warps1, one.stages1, one.block_k2) == (32, 512, 8, 3, 512)
     eight = choose_decode_config(8, 32, 128, 2880, 2880)  # thousands of programs: the pipelined loop

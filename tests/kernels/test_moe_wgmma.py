@@ -62,8 +62,10 @@ def test_gather_permute_interpreted(K, block_m, gather):
 def test_choose_wgmma_config_rule():
     from dayzero.kernels.moe_wgmma import WgmmaConfig, available, choose_wgmma_config
 
-    assert choose_wgmma_config(32 * 4, 128) is None            # decode sizes stay on moe_decode / moe_gemm
-    assert choose_wgmma_config(512 * 4, 128).block_t == 64      # 16 rows per expert
+    assert choose_wgmma_config(128 * 4, 128).block_t == 16      # 4 rows per expert (above: the decode kernels)
+    assert choose_wgmma_config(512 * 6, 256).block_t == 16      # 12 rows
+    assert choose_wgmma_config(512 * 4, 128).block_t == 32      # 16 rows: a third of the experts overflow 16
+    assert choose_wgmma_config(1024 * 4, 128).block_t == 64     # 32 rows
     assert choose_wgmma_config(8192 * 4, 128) == WgmmaConfig(256, 3, pipeline=True, tail_blocks=1)  # 256 rows: tails pay
     assert choose_wgmma_config(8192 * 6, 256) == WgmmaConfig(256, 3, pipeline=True)  # 192 rows: one 256 block
     assert choose_wgmma_config(4096 * 4, 128) == WgmmaConfig(128)  # 128 rows
@@ -121,7 +123,7 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("tokens,block_t,stages,mode", [
-    (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"), (8192, 256, 3, "reg"), (2048, 64, 4, "smem"),
+    (128, 16, 4, "reg"), (512, 32, 4, "reg"), (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"), (8192, 256, 3, "reg"), (2048, 64, 4, "smem"),
     (8192, 128, 4, "smem"), (8192, 256, 3, "smem"), (300, 64, 4, "pipe"), (2048, 128, 4, "pipe"),
     (8192, 128, 4, "pipe"), (8192, 128, 4, "pipe128"), (8192, 256, 3, "pipe"), (8192, 256, 4, "split"),
     (2048, 256, 4, "split"), (4096, 128, 4, "split1")])
