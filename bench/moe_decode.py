@@ -52,8 +52,8 @@ def words(e: ExpertWeights):
             e.w2.view(torch.int32).view(E, H, n13 // 16), e.w2_scale)
 
 
-def graph_us(fn, copies: int, reps: int) -> float:
-    """Median µs of one graph replay of fn(copy), rotating over the copies (each captured once)."""
+def _graphs(fn, copies: int) -> list:
+    """fn(copy) captured once per copy, each in its own CUDA graph (after one eager call per copy)."""
     for s in range(copies):
         fn(s)
     torch.cuda.synchronize()
@@ -67,9 +67,35 @@ def graph_us(fn, copies: int, reps: int) -> float:
                 fn(s)
             graphs.append(g)
     torch.cuda.current_stream().wait_stream(stream)
+    return graphs
+
+
+def graph_us(fn, copies: int, reps: int) -> float:
+    """Median µs of one graph replay of fn(copy), rotating over the copies (each captured once)."""
+    graphs = _graphs(fn, copies)
     us = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies)
     del graphs
     return us
+
+
+def interleaved_us(fns: dict, copies: int, reps: int) -> dict:
+    """graph_us of every fn in fns (label -> fn(copy)), timed rep by rep in turn, so that all of them see
+    the same thermal and power state (a compute-bound layer's time drifts by up to 10% as the card heats
+    over a run): {label: median µs}. The first pass is warm-up."""
+    graphs = {label: _graphs(fn, copies) for label, fn in fns.items()}
+    times = {label: [] for label in fns}
+    for rep in range(reps + 1):
+        for label, gs in graphs.items():
+            for s, g in enumerate(gs):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                g.replay()
+                end.record()
+                end.synchronize()
+                if rep:
+                    times[label].append(1e3 * start.elapsed_time(end))
+    del graphs
+    return {label: statistics.median(t) for label, t in times.items()}
 
 
 def precompile(workers: int) -> None:

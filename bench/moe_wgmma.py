@@ -11,7 +11,9 @@ wgmma tile (rows per program x stages; "s" = A_SMEM, the upcast tile through sha
 wgmma in flight; "lo" = one bf16 multiply per code pair, valid only where no
 scale byte exceeds 128, which holds for these weights), the two GEMMs of the default tile alone, the layer
 as the registry runs it (default tile; the scale check picks "lo" here), moe_mma with its default tiles,
-and path C (bf16 weights, moe_mma). TFLOP/s count the routed rows only
+and path C (bf16 weights, moe_mma). All of them and an 8192^3 bf16 matmul are timed rep by rep in turn
+(bench/moe_decode.interleaved_us), and the % of the bf16 rate is against that matmul, so that every
+number comes from the same thermal state. TFLOP/s count the routed rows only
 (2 * tokens * top_k * 3 * H * I), not the padding; error: relative to the exact float32 layer.
 """
 
@@ -29,30 +31,34 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.moe import MODELS, copy_bandwidth, matmul_rate, random_experts, rel_err, to_bf16  # noqa: E402
-from bench.moe_decode import graph_us  # noqa: E402
+from bench.moe_decode import interleaved_us  # noqa: E402
 from dayzero.kernels import moe_wgmma  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
 TOKENS = (512, 2048, 8192)
+MATMUL = "bf16 matmul 8192^3"
 
 
 def tile_arg(text: str) -> tuple[moe_wgmma.WgmmaConfig, bool, str]:
     """'128x4' -> (WgmmaConfig, high scales, label); suffixes in this order: 'lo' one multiply per pair;
     's' A_SMEM or 'p' pipeline (two register sets, one wgmma in flight); 't2' up to 2 tail blocks of 64
-    rows per expert (split_blocks); 'r128' a ptxas register cap."""
-    m = re.fullmatch(r"(\d+)x(\d+)(lo)?([sp])?(?:t(\d))?(?:r(\d+))?", text)
+    rows per expert (split_blocks), 't1-32' of 32 rows; 'r128' a ptxas register cap."""
+    m = re.fullmatch(r"(\d+)x(\d+)(lo)?([sp])?(?:t(\d)(?:-(\d+))?)?(?:r(\d+))?", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"tile {text!r}: expected e.g. 128x4, 128x4lo, 256x4lopt2, 128x4pr128")
-    bt, st, lo, mode, tails, regs = m.groups()
+        raise argparse.ArgumentTypeError(f"tile {text!r}: expected e.g. 128x4, 128x4lo, 256x4lopt2, 256x3pt1-32, "
+                                         "128x4pr128")
+    bt, st, lo, mode, tails, tail_rows, regs = m.groups()
     cfg = moe_wgmma.WgmmaConfig(int(bt), int(st), a_smem=mode == "s", pipeline=mode == "p",
-                                max_registers=int(regs) if regs else None, tail_blocks=int(tails or 0))
+                                max_registers=int(regs) if regs else None, tail_blocks=int(tails or 0),
+                                tail_rows=int(tail_rows or moe_wgmma.TAIL_BLOCK))
     return cfg, lo is None, text
 
 
 def cfg_label(cfg) -> str:
     """The tile_arg spelling of a config, without 'lo'."""
     return (f"{cfg.block_t}x{cfg.num_stages}" + ("s" if cfg.a_smem else "p" if cfg.pipeline else "")
-            + (f"t{cfg.tail_blocks}" if cfg.tail_blocks else ""))
+            + (f"t{cfg.tail_blocks}" if cfg.tail_blocks else "")
+            + (f"-{cfg.tail_rows}" if cfg.tail_blocks and cfg.tail_rows != moe_wgmma.TAIL_BLOCK else ""))
 
 
 def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) -> None:
@@ -77,19 +83,14 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
         fl = 2 * T * k * 3 * H * I
         ref = _experts_reference(x.float(), ids, rw, base, act)
+        fns, errs = {}, {}
 
-        def record(label, fn, gemm_only=False):
+        def record(label, fn, gemm_only=False):  # checked now, timed below with the others
             try:
-                err = float("nan") if gemm_only else rel_err(fn(0), ref)
-                us = graph_us(fn, copies, reps)
+                errs[label] = float("nan") if gemm_only else rel_err(fn(0), ref)
+                fns[label] = fn
             except Exception as exc:  # a tile that does not fit is reported, the run goes on
                 print(f"{name:>13} T={T:>5} {label:>22}: FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-                return
-            tf = fl / (us * 1e-6) / 1e12
-            rows.append({"model": name, "tokens": T, "label": label, "us": us, "tflops": tf,
-                         "bf16_pct": 100 * tf * 1e12 / flops, "err": err})
-            print(f"{name:>13} T={T:>5} {label:>22}: {us:9.1f} us {tf:6.1f} TF/s ({100 * tf * 1e12 / flops:4.1f}% bf16)"
-                  + ("" if gemm_only else f" err {err:.1e}"), flush=True)
 
         for cfg, high, text in tiles:
             record(f"wgmma {text}",
@@ -108,6 +109,18 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
             record("moe_mma (A before)", lambda s: moe_experts_mxfp4_fused(x, ids, rw, mx[s], act, configs=mma))
         if bf is not None:
             record("path C bf16", lambda s: moe_experts_bf16(x, ids, rw, bf[s], act))
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        fns[MATMUL] = lambda s: a @ a  # the bf16 rate in the same thermal state as the layers
+        us = interleaved_us(fns, copies, reps)
+        rate = 2 * 8192**3 / (us.pop(MATMUL) * 1e-6)
+        print(f"{name:>13} T={T:>5} {MATMUL}, interleaved with the layers: {rate / 1e12:.0f} TFLOP/s "
+              f"(at the start of the run: {flops / 1e12:.0f})", flush=True)
+        for label, t in us.items():
+            tf = fl / (t * 1e-6) / 1e12
+            rows.append({"model": name, "tokens": T, "label": label, "us": t, "tflops": tf,
+                         "bf16_pct": 100 * tf * 1e12 / rate, "bf16_rate": rate, "err": errs[label]})
+            print(f"{name:>13} T={T:>5} {label:>22}: {t:9.1f} us {tf:6.1f} TF/s ({100 * tf * 1e12 / rate:4.1f}% bf16)"
+                  + ("" if errs[label] != errs[label] else f" err {errs[label]:.1e}"), flush=True)
 
 
 def main() -> None:

@@ -70,7 +70,7 @@ from dayzero.kernels.moe_gemm import interpreting, kernel_activation
 BLOCK_K = 64  # the K tile, and the block within which columns are permuted
 BLOCK_N = 128  # weight rows per program (8 warps: two warp groups of 64 rows)
 NUM_WARPS = 8
-TAIL_BLOCK = 64  # rows of the tail blocks (WgmmaConfig.tail_blocks)
+TAIL_BLOCK = 64  # default rows of the tail blocks (WgmmaConfig.tail_blocks, tail_rows)
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,17 @@ class WgmmaConfig:
     a_smem: bool = False  # the upcast tile through shared memory, one wgmma kept in flight (kernel comment)
     pipeline: bool = False  # two register sets for the upcast tile, one wgmma kept in flight (kernel comment)
     max_registers: int | None = None  # ptxas register cap per thread (128: two 8-warp programs per SM)
-    tail_blocks: int = 0  # split each expert's last rows into up to this many 64-row blocks (moe_layer_wgmma)
+    tail_blocks: int = 0  # split each expert's last rows into up to this many tail blocks (moe_layer_wgmma)
+    tail_rows: int = TAIL_BLOCK  # rows of a tail block (16, 32 or 64)
 
     def __post_init__(self):
         if self.block_t not in (16, 32, 64, 128, 256):
             raise ValueError(f"WgmmaConfig: block_t must be a power of two from 16 to 256, got {self.block_t}")
-        if self.tail_blocks and not 0 < self.tail_blocks < self.block_t // TAIL_BLOCK:
-            raise ValueError(f"WgmmaConfig: tail_blocks must be below block_t / {TAIL_BLOCK}, got {self.tail_blocks}")
+        if self.tail_rows not in (16, 32, 64):
+            raise ValueError(f"WgmmaConfig: tail_rows must be 16, 32 or 64, got {self.tail_rows}")
+        if self.tail_blocks and not 0 < self.tail_blocks < self.block_t // self.tail_rows:
+            raise ValueError(f"WgmmaConfig: tail_blocks must be below block_t / tail_rows = "
+                             f"{self.block_t // self.tail_rows}, got {self.tail_blocks}")
         if self.a_smem and self.pipeline:
             raise ValueError("WgmmaConfig: a_smem and pipeline are two ways to keep a wgmma in flight; pick one")
         if self.num_stages < 2 or self.group_m < 1:
@@ -460,11 +464,13 @@ def available(x: torch.Tensor) -> bool:
     return torch.cuda.get_device_capability(x.device) == (9, 0)
 
 
-# Relative cost of one block per K step, measured on the H200 (2026-12-01, fourth run, gpt-oss-120b at 8192
-# tokens, BENCHMARKS.md): a 256-row block of the pipelined kernel (one program per SM, MMA-bound) 1.0; a
-# 64-row tail block 0.8 (bound by the weight upcast, which does not shrink with the rows); a 128-row block
-# of the register kernel (two programs per SM) 0.64.
-_COST_TAIL, _COST_128 = 0.8, 0.64
+# Relative cost of one block per K step, measured on the H200 (2026-12-01, gpt-oss-120b at 8192 tokens,
+# BENCHMARKS.md): a 256-row block of the pipelined kernel (one program per SM, MMA-bound) 1.0; a 64-row
+# tail block 0.8 (bound by the weight upcast, which does not shrink with the rows; fourth run), 32 rows
+# 0.72 and 16 rows 0.54 (fitted to the layer times with one tail of each size, fifth run); a 128-row
+# block of the register kernel (two programs per SM) 0.64.
+_COST_TAIL = {64: 0.8, 32: 0.72, 16: 0.54}
+_COST_128 = 0.64
 # Up to 96 rows per expert, the register kernel's block cost by its rows, relative to 32 (the same run
 # of bench/moe_wgmma.py at 128 tokens, one block per expert at every size: 16 rows 0.94-0.95, 64 rows 1.23
 # on both models; at 512 tokens on gpt-oss-120b these costs predict the measured 1.28 and 1.23).
@@ -481,34 +487,35 @@ def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig:
     """The tile from the rows per expert r (pairs / min(experts, pairs); moe_layer runs the decode kernels
     first where they are faster, see moe_decode.DECODE_MAX_ROWS_WGMMA). Up to 96: the cheapest of 16-,
     32- and 64-row blocks of the register kernel by _COST_SMALL. Above: the cheapest of 256-row pipelined
-    blocks, the same with each expert's last rows as one 64-row tail block where they fit, and 128-row
-    blocks, by the costs above (the padding of each layout is what separates them)."""
+    blocks, the same with each expert's last rows as one tail block of 64, 32 or 16 rows where they fit,
+    and 128-row blocks, by the costs above (the padding of each layout is what separates them; more than
+    one tail block never pays, each costs an upcast of the weights)."""
     active = max(1, min(num_experts, num_pairs))
     r = num_pairs / active
     if r <= 96:
         return min((WgmmaConfig(bt) for bt in _COST_SMALL),
                    key=lambda c: _expected_cost(r, lambda n: _COST_SMALL[c.block_t] * -(-n // c.block_t)))
 
-    def split(c):
-        nb = -(-c // TAIL_BLOCK)
-        full, rem = divmod(nb, 256 // TAIL_BLOCK)
-        return full + (rem > 1) + _COST_TAIL * (rem if rem <= 1 else 0)
+    def split(c, rows):  # 256-row blocks, the last rows as one tail block of `rows` where they fit
+        full, rem = divmod(-(-c // rows), 256 // rows)
+        return full + (rem > 1) + _COST_TAIL[rows] * (rem == 1)
 
-    options = [(_expected_cost(r, lambda c: -(-c // 256)), WgmmaConfig(256, 3, pipeline=True)),
-               (_expected_cost(r, split), WgmmaConfig(256, 3, pipeline=True, tail_blocks=1)),
-               (_expected_cost(r, lambda c: _COST_128 * -(-c // 128)), WgmmaConfig(128))]
+    options = [(_expected_cost(r, lambda c: -(-c // 256)), WgmmaConfig(256, 3, pipeline=True))]
+    options += [(_expected_cost(r, lambda c, t=t: split(c, t)),
+                 WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=t)) for t in _COST_TAIL]
+    options.append((_expected_cost(r, lambda c: _COST_128 * -(-c // 128)), WgmmaConfig(128)))
     return min(options, key=lambda o: o[0])[1]  # the first of equal costs
 
 
 def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
     """(dispatch, runs) for a layer call: runs is [(config, BlockList or None)], one GEMM launch each. With
-    config.tail_blocks: rows dispatched in 64-row blocks and split (moe_dispatch.split_blocks) into the big
-    blocks at config.block_t rows and the tail blocks at TAIL_BLOCK rows."""
+    config.tail_blocks: rows dispatched in config.tail_rows-row blocks and split (moe_dispatch.split_blocks)
+    into the big blocks at config.block_t rows and the tail blocks."""
     if not config.tail_blocks:
         return dispatch(topk_ids, num_experts, config.block_t), [(config, None)]
-    d = dispatch(topk_ids, num_experts, TAIL_BLOCK)
-    main, tail = split_blocks(d, config.block_t // TAIL_BLOCK, config.tail_blocks)
-    return d, [(config, main), (WgmmaConfig(TAIL_BLOCK, pipeline=config.pipeline), tail)]
+    d = dispatch(topk_ids, num_experts, config.tail_rows)
+    main, tail = split_blocks(d, config.block_t // config.tail_rows, config.tail_blocks)
+    return d, [(config, main), (WgmmaConfig(config.tail_rows, pipeline=config.pipeline), tail)]
 
 
 def expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, *, inter: int,
