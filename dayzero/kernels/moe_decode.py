@@ -27,7 +27,9 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   the down GEMM, which applies its bias and the router weight and writes bf16 rows for the final
   k-slot reduction (moe_dispatch.combine).
 - The layer is four launches, with no host synchronisation: `prep` (the dispatch of up to 512 pairs
-  in one program, without atomics, and the quantization of x in the others), the two GEMMs, combine.
+  in one program, without atomics, and the quantization of x in the others), the two GEMMs, combine;
+  on sm_90 each launched with programmatic dependent launch (kernels/pdl.py), so that the next one's
+  launch and ramp-up overlap the previous one's tail.
 - Split-K (DecodeConfig.split_k1/2; for one token where DAYZERO_MOE_DECODE_SPLITK=1): where a GEMM
   has too few programs to keep the SMs busy, K is cut into chunks of whole tiles, one program each,
   which write float32 partial sums [chunks, max_rows, width]. For gate/up a fifth launch
@@ -758,8 +760,9 @@ def splitk_chunks() -> int:
 
 
 DECODE_MAX_ROWS_PER_EXPERT = 3.5  # expected pairs per active expert up to which the decode kernels run
-# ... where moe_wgmma runs (sm_90): its 16-row blocks measured 1.08x faster at 3.1 rows (DeepSeek-V4, 128
-# tokens) and 0.71x at 1.6 (gpt-oss-120b, 32 tokens); 2.5 is where the decode kernels go to 4-row blocks
+# ... where moe_wgmma runs (sm_90): its 16-row blocks measured 1.08x faster at 3.2 rows (DeepSeek-V4, 128
+# tokens), 0.71x at 1.6 (gpt-oss-120b, 32 tokens), 0.82x at 2.3 (gpt-oss, 64 tokens) and 1.02x at 1.9
+# (DeepSeek-V4, 64 tokens); 2.5 is also where the decode kernels would go to 4-row blocks
 DECODE_MAX_ROWS_WGMMA = 2.5
 
 

@@ -320,8 +320,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
     GemmConfig) pair (this module's transposed tensor-core GEMM), a (MmaConfig, MmaConfig) pair
     (moe_mma's prefill GEMM), a moe_decode.DecodeConfig (MXFP4 only: the integer-dot decode kernels),
     a moe_wgmma.WgmmaConfig (MXFP4, sm_90: the Gluon prefill kernel), or None to choose from the static
-    sizes (MXFP4: the decode kernels when moe_decode.choose_decode_config returns a config, else on sm_90
-    moe_wgmma when choose_wgmma_config does; then moe_mma when choose_mma_configs does). high_scales:
+    sizes (MXFP4: the decode kernels when moe_decode.choose_decode_config returns a config, with its
+    DECODE_MAX_ROWS_WGMMA threshold on sm_90, where moe_wgmma runs everything above; elsewhere moe_mma
+    when choose_mma_configs returns configs, else this module's kernel). high_scales:
     whether an E8M0 byte may exceed 128 (moe_wgmma), a bool or a callable asked only when moe_wgmma runs."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
@@ -346,10 +347,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
                                     config=decode)
     if mxfp4 and (isinstance(configs, moe_wgmma.WgmmaConfig) or configs is None and wgmma):
         wg = configs or moe_wgmma.choose_wgmma_config(pairs, E)
-        if wg is not None:
-            high = high_scales() if callable(high_scales) else high_scales
-            return moe_wgmma.moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation,
-                                             inter=inter, config=wg, high_scales=high)
+        high = high_scales() if callable(high_scales) else high_scales
+        return moe_wgmma.moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation,
+                                         inter=inter, config=wg, high_scales=high)
     from dayzero.kernels.moe_mma import MmaConfig, choose_mma_configs, mma_gemm
 
     c1, c2 = configs or choose_mma_configs(pairs, E, mxfp4, inter, H) or (choose_config(pairs, E, inter, mxfp4, True),

@@ -6,9 +6,10 @@ Why: moe_mma (plain Triton) stores each upcast weight tile to shared memory for 
 scale tile's layout through shared memory and spends about 500 instructions per thread per K step
 (7.8 per upcast value); it measured 33% of the bf16 matmul rate at 8192 tokens. Here the K loop is
 about 210 instructions per thread for 32 values (tools/sass_moe_wgmma.py), with no shared-memory
-traffic besides TMA. Measured on the H200 (2026-12-01, fourth run; BENCHMARKS.md, bench/moe_wgmma.py):
-the layer at 8192 tokens 63% of the bf16 matmul rate on DeepSeek-V4 shapes and 56.5% on gpt-oss-120b
-(moe_mma 33%), 1.5-1.9x faster than moe_mma from 512 to 8192 tokens.
+traffic besides TMA. Measured on the H200 (2026-12-01, fifth run, every variant and the bf16 matmul timed
+in turn; BENCHMARKS.md, bench/moe_wgmma.py): the layer at 8192 tokens 54% of the bf16 matmul rate on both
+models' shapes (moe_mma 28%), 1.6-1.9x faster than moe_mma from 512 to 8192 tokens; with 16-row blocks
+it also runs 128 tokens (1.7x moe_gemm's kernel on gpt-oss-120b shapes).
 
     acc[BLOCK_N weight rows, BLOCK_T padded rows] = W[BLOCK_N, K] @ X[BLOCK_T, K]^T
 
