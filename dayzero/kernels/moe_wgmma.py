@@ -484,10 +484,22 @@ def _expected_cost(r: float, cost) -> float:
     return sum(cost(max(1, round(c))) for c in (r - sd, r, r + sd)) / 3
 
 
+def _poisson_blocks(r: float, rows: int) -> float:
+    """The expected blocks of `rows` rows an expert needs when its row count is Poisson with mean r
+    (uniform routing: binomial with mean r and a variance a little below it)."""
+    p, total, c = math.exp(-r), 0.0, 0
+    while c <= r + 12 * math.sqrt(r) + 12:
+        total += p * -(-c // rows)
+        c += 1
+        p *= r / c
+    return total
+
+
 def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig:
     """The tile from the rows per expert r (pairs / min(experts, pairs); moe_layer runs the decode kernels
     first where they are faster, see moe_decode.DECODE_MAX_ROWS_WGMMA). Up to 96: the cheapest of 16-,
-    32- and 64-row blocks of the register kernel by _COST_SMALL. Above: the cheapest of 256-row pipelined
+    32- and 64-row blocks of the register kernel by _COST_SMALL and the expected blocks per expert
+    (_poisson_blocks: the experts above 16 rows decide between 16 and 32). Above: the cheapest of 256-row pipelined
     blocks, the same with each expert's last rows as one tail block of 64, 32 or 16 rows where they fit,
     and 128-row blocks, by the costs above (the padding of each layout is what separates them; more than
     one tail block never pays, each costs an upcast of the weights)."""
@@ -495,7 +507,7 @@ def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig:
     r = num_pairs / active
     if r <= 96:
         return min((WgmmaConfig(bt) for bt in _COST_SMALL),
-                   key=lambda c: _expected_cost(r, lambda n: _COST_SMALL[c.block_t] * -(-n // c.block_t)))
+                   key=lambda c: _COST_SMALL[c.block_t] * _poisson_blocks(r, c.block_t))
 
     def split(c, rows):  # 256-row blocks, the last rows as one tail block of `rows` where they fit
         full, rem = divmod(-(-c // rows), 256 // rows)

@@ -63,7 +63,8 @@ def test_choose_wgmma_config_rule():
     from dayzero.kernels.moe_wgmma import WgmmaConfig, available, choose_wgmma_config
 
     assert choose_wgmma_config(128 * 4, 128).block_t == 16      # 4 rows per expert (above: the decode kernels)
-    assert choose_wgmma_config(512 * 6, 256).block_t == 16      # 12 rows
+    assert choose_wgmma_config(256 * 4, 128).block_t == 16      # 8 rows
+    assert choose_wgmma_config(512 * 6, 256).block_t == 32      # 12 rows: a tenth of the experts above 16
     assert choose_wgmma_config(512 * 4, 128).block_t == 32      # 16 rows: a third of the experts overflow 16
     assert choose_wgmma_config(1024 * 4, 128).block_t == 64     # 32 rows
     # 256 rows: half the experts overflow a 256-row block, a third by at most 16 rows: one 16-row tail pays
