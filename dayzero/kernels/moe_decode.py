@@ -296,7 +296,7 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
                                 max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs, CH=min(bs, 64),
                                 BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024),
-                                PDL=pdl.enabled(dev), num_warps=8, **pdl.launch_options(dev))
+                                num_warps=8, **pdl.launch_options(dev))
     d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],
                  pair_row[:S])
     return d, xq, xs
@@ -629,7 +629,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        STAGES=stages, PDL=pdl.enabled(dev), num_warps=num_warps, num_stages=1, **pdl.launch_options(dev),
+        STAGES=stages, num_warps=num_warps, num_stages=1, **pdl.launch_options(dev),
     )
     return (out, out_s) if plain else out
 
@@ -676,7 +676,7 @@ def activate_partials(part, bias, d, *, activation: int, alpha: float = 1.0, lim
             bias.stride(0) if bias is not None else 0, part[0].numel(), float(alpha),
             float(limit) if limit is not None else 0.0, N=inter, CHUNKS=chunks, ACTIVATION=activation,
             HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, BLOCK_M=d.block_m, BLOCK=block,
-            PDL=pdl.enabled(part.device), **pdl.launch_options(part.device))
+            **pdl.launch_options(part.device))
     return hq, hs
 
 
@@ -704,7 +704,7 @@ def combine_partials(part, d, num_tokens: int, out_dtype: torch.dtype) -> torch.
         block_h = min(1024, triton.next_power_of_2(H))
         _combine_partials_kernel[(num_tokens, triton.cdiv(H, block_h))](
             part, d.pair_row, out, part[0].numel(), H=H, TOP_K=d.top_k, CHUNKS=chunks, BLOCK_H=block_h,
-            PDL=pdl.enabled(part.device), **pdl.launch_options(part.device))
+            **pdl.launch_options(part.device))
     return out
 
 

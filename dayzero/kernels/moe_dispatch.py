@@ -225,7 +225,7 @@ def combine(y: torch.Tensor, d: Dispatch, num_tokens: int, out_dtype: torch.dtyp
         return out
     block_h = min(1024, triton.next_power_of_2(H))
     _combine_kernel[(num_tokens, triton.cdiv(H, block_h))](y, d.pair_row, out, H, y.stride(0), out.stride(0),
-                                                            TOP_K=d.top_k, BLOCK_H=block_h, PDL=pdl.enabled(y.device),
+                                                            TOP_K=d.top_k, BLOCK_H=block_h,
                                                             **pdl.launch_options(y.device))
     return out
 

@@ -38,9 +38,9 @@ def enabled(device: torch.device) -> bool:
 
 
 def launch_options(device: torch.device) -> dict:
-    """The launch keyword for a kernel that starts with start(PDL): {"launch_pdl": True} where enabled,
-    else nothing (the interpreter accepts no such option)."""
-    return {"launch_pdl": True} if enabled(device) else {}
+    """The keywords for launching a kernel that starts with start(PDL) on `device`: its PDL constexpr,
+    and launch_pdl=True where enabled (the interpreter accepts no such option)."""
+    return {"PDL": True, "launch_pdl": True} if enabled(device) else {"PDL": False}
 
 
 @triton.jit
