@@ -150,26 +150,18 @@ class BlockList:
 
 @triton.jit
 def _split_kernel(counts_ptr, expert_block_ptr, row0_ptr, expert_ptr, end_ptr, E, n_main, n_total,
-                  BLOCK_M: tl.constexpr, BIG: tl.constexpr, TAIL_MAX: tl.constexpr, WIDE: tl.constexpr,
-                  BLOCK_E: tl.constexpr, BLOCK_B: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BIG: tl.constexpr, TAIL_MAX: tl.constexpr, BLOCK_E: tl.constexpr,
+                  BLOCK_B: tl.constexpr):
     """Entries b < n_main: the big blocks (BIG * BLOCK_M rows); entries from n_main: the tail blocks
     (BLOCK_M rows). Each expert's nb small blocks: nb // BIG big ones, and the rest as one more big
-    block when more than TAIL_MAX remain, else as that many tail blocks. WIDE > 0 (split_wide): the
-    second list holds at most one wide block of WIDE small blocks per expert, after its big blocks."""
+    block when more than TAIL_MAX remain, else as that many tail blocks."""
     e = tl.arange(0, BLOCK_E)
     c = tl.load(counts_ptr + e, mask=e < E, other=0)
     nb = (c + BLOCK_M - 1) // BLOCK_M
-    if WIDE > 0:
-        full = tl.where(nb > WIDE, (nb - WIDE + BIG - 1) // BIG, 0)  # big blocks, then at most WIDE remain
-        rem = nb - full * BIG
-        wide = (rem > 0) & ((rem > BIG) | (WIDE < BIG))  # a big block is cheaper where it holds the rest
-        big = full + ((rem > 0) & ~wide).to(tl.int32)
-        tail = wide.to(tl.int32)
-    else:
-        full = nb // BIG
-        rem = nb - full * BIG
-        big = full + (rem > TAIL_MAX).to(tl.int32)
-        tail = tl.where(rem > TAIL_MAX, 0, rem)
+    full = nb // BIG
+    rem = nb - full * BIG
+    big = full + (rem > TAIL_MAX).to(tl.int32)
+    tail = tl.where(rem > TAIL_MAX, 0, rem)
     start = tl.load(expert_block_ptr + e, mask=e < E, other=0)
     b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     is_tail = b >= n_main
@@ -199,32 +191,12 @@ def split_blocks(d: Dispatch, big: int, tail_max: int) -> tuple[BlockList, Block
     S, E = d.pair_row.shape[0], d.num_experts
     n_main = S // (big * d.block_m) + min(E, S)
     n_tail = tail_max * min(E, S)
-    return _split(d, big, tail_max, 0, n_main, n_tail)
-
-
-def split_wide(d: Dispatch, big: int, wide: int) -> tuple[BlockList, BlockList]:
-    """(big blocks, wide blocks) of a dispatch, for GEMMs whose wide blocks hold `wide` * block_m rows
-    (moe_wgmma's extra rows). Each expert of nb blocks of d.block_m rows gets as many big blocks
-    (big * block_m rows) as leave at most `wide` blocks, then the rest: as one wide block where it does
-    not fit a big block or where a wide block is the narrower of the two, else as one more big block.
-    So with wide > big an expert's last big block takes up to wide - big more blocks in place of a tail
-    block; with wide < big an expert with at most `wide` blocks left gets the narrower block. Static
-    lengths: S // (big * block_m) + min(E, S) big, min(E, S) wide. One launch, no host synchronisation."""
-    if big < 1 or wide < 1 or wide == big:
-        raise ValueError(f"split_wide: need big >= 1 and wide >= 1 blocks, wide != big, got {big}, {wide}")
-    S, E = d.pair_row.shape[0], d.num_experts
-    return _split(d, big, 1, wide, S // (big * d.block_m) + min(E, S), min(E, S))
-
-
-def _split(d: Dispatch, big: int, tail_max: int, wide: int, n_main: int, n_tail: int):
-    E = d.num_experts
     n = max(n_main + n_tail, 1)
     out = torch.empty(3, n, dtype=torch.int32, device=d.counts.device)
     block_b = 16
     _split_kernel[(triton.cdiv(n, block_b),)](d.counts, d.expert_block, out[0], out[1], out[2], E, n_main,
                                              n_main + n_tail, BLOCK_M=d.block_m, BIG=big, TAIL_MAX=tail_max,
-                                             WIDE=wide, BLOCK_E=triton.next_power_of_2(max(E, 1)),
-                                             BLOCK_B=block_b)
+                                             BLOCK_E=triton.next_power_of_2(max(E, 1)), BLOCK_B=block_b)
     main = BlockList(out[0, :n_main], out[1, :n_main], out[2, :n_main])
     tail = BlockList(out[0, n_main:n_main + n_tail], out[1, n_main:n_main + n_tail], out[2, n_main:n_main + n_tail])
     return main, tail

@@ -65,7 +65,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from dayzero.kernels.moe_dispatch import BlockList, combine, dispatch, split_blocks, split_wide
+from dayzero.kernels.moe_dispatch import BlockList, combine, dispatch, split_blocks
 from dayzero.kernels.moe_gemm import interpreting, kernel_activation
 
 BLOCK_K = 64  # the K tile, and the block within which columns are permuted
@@ -84,12 +84,6 @@ class WgmmaConfig:
     max_registers: int | None = None  # ptxas register cap per thread (128: two 8-warp programs per SM)
     tail_blocks: int = 0  # split each expert's last rows into up to this many tail blocks (moe_layer_wgmma)
     tail_rows: int = TAIL_BLOCK  # rows of a tail block (16, 32 or 64)
-    # Wide blocks (pipeline only): a program of extra_rows > 0 takes extra_rows more rows after its
-    # block_t in a second, narrower wgmma on the same upcast weights. wide_rows > 0 (moe_layer_wgmma):
-    # each expert's last rows go in one wide block of wide_rows + extra_rows rows (moe_dispatch.split_wide)
-    # where they do not fit a block_t block or where the wide block is the narrower.
-    extra_rows: int = 0
-    wide_rows: int = 0
 
     def __post_init__(self):
         if self.block_t not in (16, 32, 64, 128, 256):
@@ -101,15 +95,6 @@ class WgmmaConfig:
                              f"{self.block_t // self.tail_rows}, got {self.tail_blocks}")
         if self.a_smem and self.pipeline:
             raise ValueError("WgmmaConfig: a_smem and pipeline are two ways to keep a wgmma in flight; pick one")
-        if self.extra_rows not in (0, 16, 32, 64, 128) or self.extra_rows > self.block_t:
-            raise ValueError(f"WgmmaConfig: extra_rows must be 0, 16, 32, 64 or 128 and at most block_t, got "
-                             f"{self.extra_rows}")
-        if self.extra_rows and not self.pipeline:
-            raise ValueError("WgmmaConfig: extra_rows needs pipeline")
-        if self.wide_rows and (self.wide_rows not in (64, 128, 256) or not self.extra_rows or self.tail_blocks
-                               or self.wide_rows + self.extra_rows == self.block_t):
-            raise ValueError(f"WgmmaConfig: wide_rows must be 64, 128 or 256, with extra_rows, without tail_blocks, "
-                             f"and wide blocks not as wide as block_t, got {self.wide_rows} + {self.extra_rows}")
         if self.num_stages < 2 or self.group_m < 1:
             raise ValueError(f"WgmmaConfig: num_stages >= 2 and group_m >= 1, got {self.num_stages}, {self.group_m}")
 
@@ -235,33 +220,12 @@ def _load_words(w_base, s_base, wrow, k0, K: gl.constexpr, stride_wn, stride_sn,
 
 
 @gluon.jit
-def _refill(x_desc, xs, xe_desc, xe, bars, row0, nxt, num_k: gl.constexpr, STAGES: gl.constexpr, BK: gl.constexpr,
-            BLOCK_T: gl.constexpr, EXTRA_T: gl.constexpr):
-    """Start the TMA load of X tile nxt into its ring slot (whose previous tile's wgmmas have retired):
-    BLOCK_T rows from row0 and, with EXTRA_T, the EXTRA_T rows after them, on one barrier."""
+def _refill(x_desc, xs, bars, row0, nxt, num_k: gl.constexpr, STAGES: gl.constexpr, BK: gl.constexpr):
+    """Start the TMA load of X tile nxt into its ring slot (whose previous tile's wgmma has retired)."""
     if nxt < num_k:
         ns = nxt % STAGES
-        if EXTRA_T > 0:
-            mbarrier.expect(bars.index(ns), x_desc.block_type.nbytes + xe_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(xe_desc, [row0 + BLOCK_T, nxt * BK], bars.index(ns), xe.index(ns))
-        else:
-            mbarrier.expect(bars.index(ns), x_desc.block_type.nbytes)
+        mbarrier.expect(bars.index(ns), x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [row0, nxt * BK], bars.index(ns), xs.index(ns))
-
-
-@gluon.jit
-def _mma_tile(a, xs, xe, st, acc, acc_x, keep, ax_layout: gl.constexpr, EXTRA_T: gl.constexpr):
-    """Issue the wgmma(s) of one K tile (upcast weights a, X ring slot st: the BLOCK_T rows and, with
-    EXTRA_T, the extra rows, both on the same registers a), then wait for the previous tile's to retire;
-    keep: the register set those used, live until then."""
-    acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-    if EXTRA_T > 0:
-        acc_x = warpgroup_mma(gl.convert_layout(a, ax_layout, assert_trivial=True), xe.index(st).permute((1, 0)),
-                              acc_x, is_async=True)
-        acc, acc_x, keep = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc_x, keep))
-    else:
-        acc, keep = warpgroup_mma_wait(num_outstanding=1, deps=(acc, keep))
-    return acc, acc_x, keep
 
 
 @gluon.jit
@@ -335,13 +299,13 @@ def _epilogue(acc, t0, row_end, n0, expert, bias_ptr, out_ptr, row_pair_ptr, rou
 
 @gluon.jit
 def _wgmma_kernel(
-    x_desc, xe_desc, w_ptr, s_ptr, bias_ptr, out_ptr, row_pair_ptr, block_expert_ptr, block_row_ptr, block_end_ptr,
+    x_desc, w_ptr, s_ptr, bias_ptr, out_ptr, row_pair_ptr, block_expert_ptr, block_row_ptr, block_end_ptr,
     router_weight_ptr, N, S, E, num_blocks, up_offset, alpha, limit,
     stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
     K: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr,
     HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr, PERMUTE_OUT: gl.constexpr, HIGH_SCALES: gl.constexpr,
     BLOCK_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, A_SMEM: gl.constexpr,
-    PIPELINE: gl.constexpr, SCHEDULED: gl.constexpr, EXTRA_T: gl.constexpr, num_warps: gl.constexpr,
+    PIPELINE: gl.constexpr, SCHEDULED: gl.constexpr, num_warps: gl.constexpr,
 ):
     BN: gl.constexpr = 128
     BK: gl.constexpr = 64
@@ -374,16 +338,6 @@ def _wgmma_kernel(
         s_base = s_ptr + expert.to(gl.int64) * stride_se
 
         xs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_T, BK], x_desc.layout)
-        if EXTRA_T > 0:  # the extra rows of a wide block: a second MMA on the same upcast weights
-            xe = gl.allocate_shared_memory(gl.bfloat16, [STAGES, EXTRA_T, BK], xe_desc.layout)
-            x_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                               instr_shape=[16, EXTRA_T, 16])
-            ax_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=x_layout, k_width=2)
-            acc_x = gl.zeros([BN, EXTRA_T], gl.float32, layout=x_layout)
-        else:
-            xe = xs
-            ax_layout: gl.constexpr = a_layout
-            acc_x = 0
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
@@ -395,7 +349,7 @@ def _wgmma_kernel(
             row0 = mb * BLOCK_T
             row_end = row0 + BLOCK_T
         for i in gl.static_range(STAGES - 1):
-            _refill(x_desc, xs, xe_desc, xe, bars, row0, i, num_k, STAGES, BK, BLOCK_T, EXTRA_T)
+            _refill(x_desc, xs, bars, row0, i, num_k, STAGES, BK)
 
         words, scale = _load_words(w_base, s_base, wrow, 0, K, stride_wn, stride_sn, words_layout)
         acc = gl.zeros([BN, BLOCK_T], gl.float32, layout=mma_layout)
@@ -417,15 +371,14 @@ def _wgmma_kernel(
             # loop exits: with the odd tile after the loop instead, ptxas serialized every wgmma of the
             # kernel (C7513, "non wgmma instructions defining input registers ... pipeline stage").
             # The weight words are loaded two tiles ahead (wa: the next tile to upcast, wb: the one after).
-            # With EXTRA_T each tile issues two wgmmas on the same registers, and the waits keep two in flight.
             ODD: gl.constexpr = num_k % 2
             if ODD:
                 a1 = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
                 wa, sa = _load_words(w_base, s_base, wrow, BK, K, stride_wn, stride_sn, words_layout)
                 mbarrier.wait(bars.index(0), 0)
-                acc, acc_x, a1 = _mma_tile(a1, xs, xe, 0, acc, acc_x, a1, ax_layout, EXTRA_T)
-                # the slot no tile used yet
-                _refill(x_desc, xs, xe_desc, xe, bars, row0, STAGES - 1, num_k, STAGES, BK, BLOCK_T, EXTRA_T)
+                acc = warpgroup_mma(a1, xs.index(0).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+                _refill(x_desc, xs, bars, row0, STAGES - 1, num_k, STAGES, BK)  # the slot no tile used yet
             else:
                 a1 = gl.zeros([BN, BK], gl.bfloat16, layout=a_layout)
                 wa, sa = words, scale
@@ -435,17 +388,16 @@ def _wgmma_kernel(
                 a0 = _upcast(wa, sa, a_layout, BN, HIGH_SCALES)
                 wa, sa = _load_words(w_base, s_base, wrow, (ki + 2) * BK, K, stride_wn, stride_sn, words_layout)
                 mbarrier.wait(bars.index(ki % STAGES), (ki // STAGES) & 1)
-                acc, acc_x, a1 = _mma_tile(a0, xs, xe, ki % STAGES, acc, acc_x, a1, ax_layout, EXTRA_T)
-                _refill(x_desc, xs, xe_desc, xe, bars, row0, ki + STAGES - 1, num_k, STAGES, BK, BLOCK_T, EXTRA_T)
+                acc = warpgroup_mma(a0, xs.index(ki % STAGES).permute((1, 0)), acc, is_async=True)
+                acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
+                _refill(x_desc, xs, bars, row0, ki + STAGES - 1, num_k, STAGES, BK)
                 a1 = _upcast(wb, sb, a_layout, BN, HIGH_SCALES)
                 wb, sb = _load_words(w_base, s_base, wrow, (ki + 3) * BK, K, stride_wn, stride_sn, words_layout)
                 mbarrier.wait(bars.index((ki + 1) % STAGES), ((ki + 1) // STAGES) & 1)
-                acc, acc_x, a0 = _mma_tile(a1, xs, xe, (ki + 1) % STAGES, acc, acc_x, a0, ax_layout, EXTRA_T)
-                _refill(x_desc, xs, xe_desc, xe, bars, row0, ki + STAGES, num_k, STAGES, BK, BLOCK_T, EXTRA_T)
-            if EXTRA_T > 0:
-                acc, acc_x, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc_x, a1))
-            else:
-                acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
+                acc = warpgroup_mma(a1, xs.index((ki + 1) % STAGES).permute((1, 0)), acc, is_async=True)
+                acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
+                _refill(x_desc, xs, bars, row0, ki + STAGES, num_k, STAGES, BK)
+            acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
         else:
             for i in range(num_k):
                 a = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
@@ -463,7 +415,7 @@ def _wgmma_kernel(
                     mbarrier.wait(bars.index(st), (i // STAGES) & 1)
                     acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                _refill(x_desc, xs, xe_desc, xe, bars, row0, i + STAGES - 1, num_k, STAGES, BK, BLOCK_T, EXTRA_T)
+                _refill(x_desc, xs, bars, row0, i + STAGES - 1, num_k, STAGES, BK)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
@@ -471,10 +423,6 @@ def _wgmma_kernel(
         _epilogue(acc, row0, row_end, n0, expert, bias_ptr, out_ptr, row_pair_ptr, router_weight_ptr, N, S, up_offset,
                   alpha, limit, stride_be, stride_om, GATED, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT,
                   PERMUTE_OUT, BN, OUT_N, num_warps)
-        if EXTRA_T > 0:
-            _epilogue(acc_x, row0 + BLOCK_T, row_end, n0, expert, bias_ptr, out_ptr, row_pair_ptr, router_weight_ptr,
-                      N, S, up_offset, alpha, limit, stride_be, stride_om, GATED, ACTIVATION, HAS_LIMIT, HAS_BIAS,
-                      ROUTER_WEIGHT, PERMUTE_OUT, BN, OUT_N, num_warps)
 
 
 def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int = 0, alpha: float = 1.0,
@@ -487,8 +435,6 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
     every block of d (whose block_m must then be config.block_t); out: write into this tensor."""
     if blocks is None and d.block_m != config.block_t:
         raise ValueError(f"wgmma_gemm: dispatch block_m {d.block_m} != config block_t {config.block_t}")
-    if config.extra_rows and blocks is None:
-        raise ValueError("wgmma_gemm: a config with extra_rows runs a BlockList of wide blocks (blocks=)")
     if blocks is not None and config.block_t % d.block_m:
         raise ValueError(f"wgmma_gemm: block_t {config.block_t} is not a multiple of the dispatch block_m {d.block_m}")
     E, N_rows, KW = w.shape
@@ -505,18 +451,13 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
     bt = config.block_t
     layout = gl.NVMMASharedLayout.get_default_for([bt, BLOCK_K], gl.bfloat16)
     x_desc = TensorDescriptor(a_perm, list(a_perm.shape), list(a_perm.stride()), [bt, BLOCK_K], layout)
-    xe_desc = x_desc
-    if config.extra_rows:
-        xe_layout = gl.NVMMASharedLayout.get_default_for([config.extra_rows, BLOCK_K], gl.bfloat16)
-        xe_desc = TensorDescriptor(a_perm, list(a_perm.shape), list(a_perm.stride()), [config.extra_rows, BLOCK_K],
-                                   xe_layout)
     gated = activation != 0
     out_n = BLOCK_N // 2 if gated else BLOCK_N
     S = d.pair_row.shape[0]
     dummy = d.pair_row
     grid = (num_blocks * triton.cdiv(out_features, out_n),)
     _wgmma_kernel[grid](
-        x_desc, xe_desc, w, scale, bias if bias is not None else dummy, out, d.row_pair,
+        x_desc, w, scale, bias if bias is not None else dummy, out, d.row_pair,
         d.block_expert if blocks is None else blocks.expert, dummy if blocks is None else blocks.row0,
         dummy if blocks is None else blocks.end, router_weights if router_weights is not None else dummy,
         out_features, S, E, num_blocks, out_features if gated else 0, float(alpha),
@@ -526,7 +467,7 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
         K=K, GATED=gated, ACTIVATION=activation, HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None,
         ROUTER_WEIGHT=router_weights is not None, PERMUTE_OUT=permute_out, HIGH_SCALES=high_scales,
         BLOCK_T=bt, STAGES=config.num_stages, GROUP_M=config.group_m, A_SMEM=config.a_smem,
-        PIPELINE=config.pipeline, SCHEDULED=blocks is not None, EXTRA_T=config.extra_rows,
+        PIPELINE=config.pipeline, SCHEDULED=blocks is not None,
         num_warps=NUM_WARPS, maxnreg=config.max_registers,
     )
     return out
@@ -593,9 +534,12 @@ def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig:
         full, rem = divmod(-(-c // rows), 256 // rows)
         return full + (rem > 1) + _COST_TAIL[rows] * (rem == 1)
 
-    options = [(_expected_cost(r, lambda c: -(-c // 256)), WgmmaConfig(256, 3, pipeline=True))]
-    options += [(_expected_cost(r, lambda c, t=t: split(c, t)),
-                 WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=t)) for t in _COST_TAIL]
+    # The tail layouts first, 16 rows first: at equal cost (no expert overflows its 256-row block) the
+    # 16-row dispatch still wins, its big blocks store no padding rows past their expert's last 16 (DeepSeek-V4
+    # at 8192 tokens: 4990 against 5241 µs for 256-row dispatch blocks, BENCHMARKS.md sixth run).
+    options = [(_expected_cost(r, lambda c, t=t: split(c, t)),
+                WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=t)) for t in sorted(_COST_TAIL)]
+    options.append((_expected_cost(r, lambda c: -(-c // 256)), WgmmaConfig(256, 3, pipeline=True)))
     options.append((_expected_cost(r, lambda c: _COST_128 * -(-c // 128)), WgmmaConfig(128)))
     return min(options, key=lambda o: o[0])[1]  # the first of equal costs
 
@@ -604,12 +548,6 @@ def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
     """(dispatch, runs) for a layer call: runs is [(config, BlockList or None)], one GEMM launch each. With
     config.tail_blocks: rows dispatched in config.tail_rows-row blocks and split (moe_dispatch.split_blocks)
     into the big blocks at config.block_t rows and the tail blocks."""
-    if config.wide_rows:
-        unit = min(16, config.extra_rows)
-        d = dispatch(topk_ids, num_experts, unit)
-        main, wide = split_wide(d, config.block_t // unit, (config.wide_rows + config.extra_rows) // unit)
-        return d, [(WgmmaConfig(config.block_t, config.num_stages, pipeline=config.pipeline), main),
-                   (WgmmaConfig(config.wide_rows, config.num_stages, pipeline=True, extra_rows=config.extra_rows), wide)]
     if not config.tail_blocks:
         return dispatch(topk_ids, num_experts, config.block_t), [(config, None)]
     d = dispatch(topk_ids, num_experts, config.tail_rows)

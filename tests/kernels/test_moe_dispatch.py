@@ -91,36 +91,3 @@ def test_split_blocks_matches_a_loop_over_experts(tokens, experts, top_k, big, t
         assert all(e == experts for _, e, _ in rows[len(want):])
     with pytest.raises(ValueError, match="split_blocks"):
         split_blocks(d, 4, 4)
-
-
-@interpreter
-@pytest.mark.parametrize("tokens,experts,top_k,big,wide", [(300, 8, 2, 4, 5), (1000, 16, 4, 4, 6), (700, 6, 2, 4, 3),
-                                                           (50, 128, 4, 4, 2), (0, 4, 2, 4, 5), (2000, 8, 2, 2, 1)])
-def test_split_wide_matches_a_loop_over_experts(tokens, experts, top_k, big, wide):
-    """split_wide against a plain loop: big blocks until at most `wide` 32-row blocks remain, then those
-    as one wide block where they exceed a big block or the wide block is the narrower, else one more
-    big block; unused entries E."""
-    from dayzero.kernels.moe_dispatch import dispatch, split_wide
-
-    gen = torch.Generator().manual_seed(tokens + experts + wide)
-    ids = torch.rand(tokens, experts, generator=gen).argsort(dim=1)[:, :top_k]
-    d = dispatch(ids, experts, 32)
-    main, tail = split_wide(d, big, wide)
-    want_main, want_wide = [], []
-    for e, (count, first) in enumerate(zip(d.counts.tolist(), d.expert_block.tolist())):
-        nb, end = -(-count // 32), (first + -(-count // 32)) * 32
-        full = 0
-        while nb - full * big > wide:
-            full += 1
-        rest = nb - full * big
-        use_wide = rest > 0 and (rest > big or wide < big)
-        want_main += [((first + g * big) * 32, e, end) for g in range(full + (rest > 0 and not use_wide))]
-        want_wide += [((first + full * big) * 32, e, end)] if use_wide else []
-        covered = sum(big for g in range(full + (rest > 0 and not use_wide))) + (wide if use_wide else 0)
-        assert covered >= nb  # every row of the expert is in a block
-    for got, want in ((main, want_main), (tail, want_wide)):
-        rows = list(zip(got.row0.tolist(), got.expert.tolist(), got.end.tolist()))
-        assert rows[:len(want)] == want
-        assert all(e == experts for _, e, _ in rows[len(want):])
-    with pytest.raises(ValueError, match="split_wide"):
-        split_wide(d, 4, 4)

@@ -69,17 +69,15 @@ def test_choose_wgmma_config_rule():
     assert choose_wgmma_config(1024 * 4, 128).block_t == 64     # 32 rows
     # 256 rows: half the experts overflow a 256-row block, a third by at most 16 rows: one 16-row tail pays
     assert choose_wgmma_config(8192 * 4, 128) == WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=16)
-    assert choose_wgmma_config(8192 * 6, 256) == WgmmaConfig(256, 3, pipeline=True)  # 192 rows: one 256 block
+    # 192 rows: one 256 block per expert, from a 16-row dispatch (no padding rows stored)
+    assert choose_wgmma_config(8192 * 6, 256) == WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=16)
     assert choose_wgmma_config(4096 * 4, 128) == WgmmaConfig(128)  # 128 rows
     assert not available(torch.zeros(1))                         # CPU tensors: moe_mma / the interpreter
 
     for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1),
                 dict(block_t=128, a_smem=True, pipeline=True), dict(block_t=128, tail_blocks=2),
                 dict(block_t=64, tail_blocks=1), dict(block_t=256, tail_blocks=1, tail_rows=48),
-                dict(block_t=64, tail_blocks=2, tail_rows=32), dict(block_t=256, extra_rows=32),
-                dict(block_t=32, pipeline=True, extra_rows=64), dict(block_t=256, pipeline=True, wide_rows=256),
-                dict(block_t=256, pipeline=True, wide_rows=128, extra_rows=128),
-                dict(block_t=256, pipeline=True, wide_rows=256, extra_rows=32, tail_blocks=1)):
+                dict(block_t=64, tail_blocks=2, tail_rows=32)):
         with pytest.raises(ValueError, match="WgmmaConfig"):
             WgmmaConfig(**bad)
 
@@ -88,10 +86,7 @@ def test_choose_wgmma_config_rule():
                                   ["--k", "4096", "--gated", "--bt", "64", "--low"],
                                   ["--k", "2880", "--gated", "--bt", "128", "--low", "--a-smem"],
                                   ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
-                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"],
-                                  ["--k", "2880", "--gated", "--bt", "256", "--stages", "3", "--pipeline", "--extra", "32"],
-                                  ["--k", "4096", "--gated", "--bt", "128", "--stages", "3", "--pipeline", "--extra", "64"],
-                                  ["--k", "2048", "--bt", "128", "--stages", "3", "--pipeline", "--extra", "64"]])
+                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"]])
 def test_wgmma_kernel_compiles_for_sm90(args):
     """Compiled for sm_90 on this machine (no GPU): the upcast's layout conversion is trivial (the
     kernel asserts it at compile time), the main loop issues HGMMA with its A operand from registers
@@ -103,10 +98,7 @@ def test_wgmma_kernel_compiles_for_sm90(args):
     out = run.stdout
     assert "stack (spills) 0 B" in out and "HGMMA" in out, out
     assert "LDS" not in out.split("main loop", 1)[1], out
-    if "--extra" in args:  # a second wgmma per K tile on the same registers, still one arrive per tile
-        loop = out.split("main loop", 1)[1]
-        assert "WARPGROUP 6," in loop and "HGMMA 16," in loop, out
-    elif "--pipeline" in args:  # one wgmma in flight: one WARPGROUP.ARRIVE and one DEPBAR per K tile, not per HGMMA
+    if "--pipeline" in args:  # one wgmma in flight: one WARPGROUP.ARRIVE and one DEPBAR per K tile, not per HGMMA
         loop = out.split("main loop", 1)[1]
         assert "WARPGROUP 4," in loop and "HGMMA 8," in loop, out
 
@@ -114,9 +106,7 @@ def test_wgmma_kernel_compiles_for_sm90(args):
 MODES = {"reg": {}, "smem": dict(a_smem=True), "pipe": dict(pipeline=True),
          "pipe128": dict(pipeline=True, max_registers=128), "split": dict(pipeline=True, tail_blocks=2),
          "split1": dict(pipeline=True, tail_blocks=1), "split32": dict(pipeline=True, tail_blocks=1, tail_rows=32),
-         "split16": dict(pipeline=True, tail_blocks=3, tail_rows=16),
-         "wide32": dict(pipeline=True, wide_rows=256, extra_rows=32),
-         "wide64": dict(pipeline=True, wide_rows=128, extra_rows=64), "wide16": dict(pipeline=True, wide_rows=64, extra_rows=16)}
+         "split16": dict(pipeline=True, tail_blocks=3, tail_rows=16)}
 
 
 def _wgmma_layer(x, ids, w, experts, act, block_t, stages=4, high=True, mode="reg"):
@@ -141,8 +131,7 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
     (128, 16, 4, "reg"), (512, 32, 4, "reg"), (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"), (8192, 256, 3, "reg"), (2048, 64, 4, "smem"),
     (8192, 128, 4, "smem"), (8192, 256, 3, "smem"), (300, 64, 4, "pipe"), (2048, 128, 4, "pipe"),
     (8192, 128, 4, "pipe"), (8192, 128, 4, "pipe128"), (8192, 256, 3, "pipe"), (8192, 256, 4, "split"),
-    (2048, 256, 4, "split"), (4096, 128, 4, "split1"), (8192, 256, 3, "split32"), (8192, 256, 3, "wide32"),
-    (8192, 256, 3, "wide64")])
+    (2048, 256, 4, "split"), (4096, 128, 4, "split1"), (8192, 256, 3, "split32")])
 def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, mode):
     E, k, H, I, act, bias = MODELS[model]
     gen = torch.Generator().manual_seed(tokens + block_t + len(model))
@@ -181,11 +170,10 @@ def test_wgmma_layer_small_shapes_cuda(act, mode):
 
 @cuda
 @pytest.mark.parametrize("tokens,block_t,mode", [(500, 256, "split"), (900, 256, "split"), (700, 128, "split1"),
-                                                 (40, 256, "split"), (800, 256, "split32"), (600, 128, "split16"),
-                                                 (800, 256, "wide32"), (500, 256, "wide64"), (300, 128, "wide16")])
+                                                 (40, 256, "split"), (800, 256, "split32"), (600, 128, "split16")])
 def test_wgmma_layer_split_blocks_cuda(tokens, block_t, mode):
-    """Big blocks that reach past their expert's rows (stores masked), tail or wide blocks in a second
-    launch, experts with no big block; K and N tails as in the small-shape test."""
+    """Big blocks that reach past their expert's rows (stores masked), tail blocks in a second launch,
+    experts with no big block; K and N tails as in the small-shape test."""
     gen = torch.Generator().manual_seed(tokens)
     E, H, I, k = 6, 96, 160, 2
     w13, s13 = random_mxfp4((E, 2 * I), H, gen, "cuda", scale_range=(110, 135))
