@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -81,12 +82,17 @@ def graph_us(fn, copies: int, reps: int) -> float:
 def interleaved_us(fns: dict, copies: int, reps: int) -> dict:
     """graph_us of every fn in fns (label -> fn(copy)), timed rep by rep in turn, so that all of them see
     the same thermal and power state (a compute-bound layer's time drifts by up to 10% as the card heats
-    over a run): {label: median µs}. The first pass is warm-up."""
+    over a run): {label: median µs}. The first pass is warm-up. The order of the variants is shuffled
+    in every pass (fixed seed): in a fixed order a variant timed after a hot one (a long compute-bound
+    layer, the matmul) ran up to 14% slower than the same kernels timed after cooler ones."""
     graphs = {label: _graphs(fn, copies) for label, fn in fns.items()}
     times = {label: [] for label in fns}
+    order = list(graphs)
+    shuffle = random.Random(0).shuffle
     for rep in range(reps + 1):
-        for label, gs in graphs.items():
-            for s, g in enumerate(gs):
+        shuffle(order)
+        for label in order:
+            for s, g in enumerate(graphs[label]):
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
                 g.replay()
