@@ -6,10 +6,11 @@ Why: moe_mma (plain Triton) stores each upcast weight tile to shared memory for 
 scale tile's layout through shared memory and spends about 500 instructions per thread per K step
 (7.8 per upcast value); it measured 33% of the bf16 matmul rate at 8192 tokens. Here the K loop is
 about 210 instructions per thread for 32 values (tools/sass_moe_wgmma.py), with no shared-memory
-traffic besides TMA. Measured on the H200 (2026-12-01, fifth run, every variant and the bf16 matmul timed
-in turn; BENCHMARKS.md, bench/moe_wgmma.py): the layer at 8192 tokens 54% of the bf16 matmul rate on both
-models' shapes (moe_mma 28%), 1.6-1.9x faster than moe_mma from 512 to 8192 tokens; with 16-row blocks
-it also runs 128 tokens (1.7x moe_gemm's kernel on gpt-oss-120b shapes).
+traffic besides TMA. Measured on the H200 (2026-12-01, sixth run, every variant and the bf16 matmul timed
+in turn, in a shuffled order; BENCHMARKS.md, bench/moe_wgmma.py): the layer at 8192 tokens 61% (gpt-oss-120b)
+and 67% (DeepSeek-V4) of the bf16 matmul rate measured in the same state (58% of a cool card's rate;
+moe_mma 29-30%), 1.7-2.2x faster than moe_mma from 512 to 8192 tokens; with 16-row blocks it also runs
+128 tokens (1.7x moe_gemm's kernel on gpt-oss-120b shapes).
 
     acc[BLOCK_N weight rows, BLOCK_T padded rows] = W[BLOCK_N, K] @ X[BLOCK_T, K]^T
 
@@ -45,7 +46,13 @@ moe_mxfp4), a second by 2^(max(s,128) - 128) give e2m1 * 2^(s - 127).
 
 Gate/up (GATED): the 128 accumulator rows are 64 gate rows and the 64 matching up rows, placed so that
 gate row n and up row n sit in the same thread (rows 16 w + q and 16 w + 8 + q of the MMA layout, both
-held by one thread), and the epilogue applies the activation in registers. Only compiled for CUDA
+held by one thread), and the epilogue applies the activation in registers.
+
+The epilogue (`_epilogue`) is a fifth to a quarter of a 256-row program's time at one program per SM (nothing
+overlaps it; tools/diag_wgmma_upcast.py), so it is kept short: the sigmoid by the ex2 and rcp
+approximations, the router weights loaded once per row and moved to the accumulator's layout through
+shared memory, and the bf16 outputs (h reordered to the down GEMM's column order first) moved through
+shared memory to rows of 8 consecutive columns per thread, stored 16 bytes at a time. Only compiled for CUDA
 sm_90 (Gluon has no interpreter; wgmma is Hopper's): moe_mma stays the path under TRITON_INTERPRET
 and on other devices; DAYZERO_MOE_WGMMA=0 keeps moe_mma on sm_90 too.
 """
