@@ -26,9 +26,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, copy_bandwidth, graph_replay_us, median_ms, random_experts  # noqa: E402
+from bench.moe import MODELS, copy_bandwidth, graph_replay_us, median_ms, random_experts, rel_err  # noqa: E402
 from dayzero.kernels.pdl import PDL_ENV  # noqa: E402
-from dayzero.ops.moe import ExpertWeights  # noqa: E402
+from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
 TOKENS = (1, 8, 32)
 EXTRA_TOKENS = (64, 128, 256)  # layer only: decode kernels (4-row blocks past 3.5 rows) vs the tensor-core kernel
@@ -232,6 +232,45 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows)
 
 
+def down_ab(name: str, reps: int, copies: int, bw: float, rows: list) -> None:
+    """The default decode layer at 1, 8 and 32 tokens against variants of its down GEMM (split K with
+    combine_partials, narrower or wider programs), all timed in turn (interleaved_us), one layer per
+    graph replay."""
+    import dataclasses
+
+    from dayzero.kernels.moe_decode import choose_decode_config
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    E, k, H, I, act, bias = MODELS[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = random_experts(E, H, I, bias, gen)
+    sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
+                                   base.b13, base.b2) for _ in range(copies - 1)]
+    mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731
+    for T in TOKENS:
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
+        nbytes = int(torch.unique(ids).numel()) * (mx(2 * I, H) + mx(H, I))
+        cfg = choose_decode_config(T, T * k, E, H, I)
+        variants = {"default": cfg, "down split 2": dataclasses.replace(cfg, split_k2=2),
+                    "down split 3": dataclasses.replace(cfg, split_k2=3),
+                    "down 16x1024": dataclasses.replace(cfg, block_n2=16, block_k2=1024),
+                    "down 8 warps": dataclasses.replace(cfg, num_warps2=8),
+                    "gate/up split 2": dataclasses.replace(cfg, split_k1=2)}
+        fns = {label: (lambda s, c=c: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=c))
+               for label, c in variants.items()}
+        ref = _experts_reference(x.float(), ids, rw, base, act)
+        errs = {label: rel_err(fn(0), ref) for label, fn in fns.items()}
+        us = interleaved_us(fns, copies, reps)
+        for label, t in us.items():
+            pct = 100 * nbytes / (t * 1e-6) / bw
+            rows.append({"model": name, "tokens": T, "gemm": "layer", "label": label, "config": repr(variants[label]),
+                         "us": t, "bw_pct": pct, "err": errs[label]})
+            print(f"{name:>13} T={T:>3} layer {label:>15}: {t:8.1f} us {pct:5.1f}% copy BW "
+                  f"(default / this {us['default'] / t:.2f}) err {errs[label]:.1e}", flush=True)
+
+
 def layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows) -> None:
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -302,6 +341,8 @@ def main() -> None:
     ap.add_argument("--pdl-ab", action="store_true",
                     help=f"only the default layers at {TOKENS} tokens, with {PDL_ENV}=0 and =1")
     ap.add_argument("--extra-only", action="store_true", help=f"only the layers at {EXTRA_TOKENS} tokens")
+    ap.add_argument("--down-ab", action="store_true",
+                    help=f"only the default layers at {TOKENS} tokens against variants of the down GEMM, interleaved")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
     GEMM1_TILES = args.gemm1_tiles or GEMM1_TILES
@@ -322,7 +363,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
+        if args.down_ab:
+            down_ab(name, args.reps, args.copies, bw, rows)
+        else:
+            sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()
         if args.json:
             args.json.write_text(json.dumps({"copy_bytes_per_s": bw, "rows": rows}, indent=1))
