@@ -36,6 +36,10 @@ def test_physical_columns_is_a_permutation_inverted_by_the_store():
     # reads one E8M0 byte per row and two consecutive words
     kl = torch.arange(64)
     assert torch.equal(phys // 32, (kl >> 2) & 1)
+    # the epilogue's reorder of h (the kernel's reshape and permute of the index bits, written out again):
+    # position p of the reordered outputs holds the output stored at physical column p
+    order = torch.arange(64).reshape([2] * 6).permute(2, 4, 5, 0, 1, 3).reshape(64)
+    assert torch.equal(order[_store_column(kl)], kl)
 
 
 @interpreter
