@@ -132,6 +132,13 @@ def graph_replay_us(fn, copies: int, reps: int, per_graph: int = 1) -> float:
     return us
 
 
+def mxfp4_copies(base: ExpertWeights, copies: int) -> list[ExpertWeights]:
+    """base and copies - 1 clones of its MXFP4 weights (biases shared), so that timed calls can rotate over
+    more weight bytes than L2 holds."""
+    return [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
+                                   base.b13, base.b2) for _ in range(copies - 1)]
+
+
 def random_experts(E, H, I, bias, gen) -> ExpertWeights:
     def mx(n, k):
         blocks = torch.randint(0, 256, (E, n, k // 32, 16), dtype=torch.uint8, device="cuda", generator=gen)
@@ -191,8 +198,7 @@ def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, b
     mx_bytes = params * 17 // 32  # codes + E8M0 scales
     bf_bytes = params * 2
     base = random_experts(E, H, I, bias, gen)
-    mx_sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
-                                      base.b13, base.b2) for _ in range(copies - 1)]
+    mx_sets = mxfp4_copies(base, copies)
     have_c = "C" in paths or "grouped_mm" in paths
     bf_sets = []
     if have_c:

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, copy_bandwidth, graph_replay_us, median_ms, random_experts, rel_err  # noqa: E402
+from bench.moe import MODELS, copy_bandwidth, graph_replay_us, median_ms, mxfp4_copies, random_experts, rel_err  # noqa: E402
 from dayzero.kernels.pdl import PDL_ENV  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
@@ -160,8 +160,7 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = random_experts(E, H, I, bias, gen)
-    sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
-                                   base.b13, base.b2) for _ in range(copies - 1)]
+    sets = mxfp4_copies(base, copies)
     ws = [words(e) for e in sets]
     mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731  MXFP4 bytes of one expert's [n, kk] matrix
     for T in TOKENS if not extra_only else ():
@@ -244,8 +243,7 @@ def down_ab(name: str, reps: int, copies: int, bw: float, rows: list) -> None:
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = random_experts(E, H, I, bias, gen)
-    sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
-                                   base.b13, base.b2) for _ in range(copies - 1)]
+    sets = mxfp4_copies(base, copies)
     mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731
     for T in TOKENS:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
@@ -293,8 +291,7 @@ def profile_model(name: str, reps: int, copies: int) -> None:
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = random_experts(E, H, I, bias, gen)
-    sets = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
-                                   base.b13, base.b2) for _ in range(copies - 1)]
+    sets = mxfp4_copies(base, copies)
     for T in TOKENS:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]

@@ -22,8 +22,9 @@ from bench.moe import MODELS, graph_replay_us, random_experts  # noqa: E402
 from bench.moe_decode import _act, tiles_arg, words  # noqa: E402
 
 
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location("moe_decode_other", path)
+def load(path: Path, name: str = "moe_decode_other"):
+    """Import the Python file at path as module `name` (Triton reads its kernels' source from the file)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)

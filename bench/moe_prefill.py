@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, copy_bandwidth, matmul_rate, random_experts, rel_err, to_bf16  # noqa: E402
+from bench.moe import MODELS, copy_bandwidth, matmul_rate, mxfp4_copies, random_experts, rel_err, to_bf16  # noqa: E402
 from bench.moe_decode import graph_us  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
@@ -117,8 +117,7 @@ def sweep_model(name: str, tokens, variants, reps: int, copies: int, flops: floa
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = random_experts(E, H, I, bias, gen)
-    sets = {"mx": [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
-                                          base.b13, base.b2) for _ in range(copies - 1)]}
+    sets = {"mx": mxfp4_copies(base, copies)}
     if "bf16" in variants:
         bf = to_bf16(base)
         sets["bf16"] = [bf] + [ExpertWeights("bf16", bf.w13.clone(), bf.w2.clone(), b13=bf.b13, b2=bf.b2)

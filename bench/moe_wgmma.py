@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, copy_bandwidth, matmul_rate, random_experts, rel_err, to_bf16  # noqa: E402
+from bench.moe import MODELS, copy_bandwidth, matmul_rate, mxfp4_copies, random_experts, rel_err, to_bf16  # noqa: E402
 from bench.moe_decode import interleaved_us  # noqa: E402
 from dayzero.kernels import moe_wgmma  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
@@ -69,8 +69,7 @@ def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) ->
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
     base = random_experts(E, H, I, bias, gen)
-    mx = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
-                                 base.b13, base.b2) for _ in range(copies - 1)]
+    mx = mxfp4_copies(base, copies)
     bf = None
     if with_c:
         b0 = to_bf16(base)

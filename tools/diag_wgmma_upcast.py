@@ -14,7 +14,6 @@ the accumulator's sum per program: no activation, bias, router weight or row sto
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import sys
 import tempfile
@@ -24,11 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, random_experts  # noqa: E402
+from bench.moe import MODELS, mxfp4_copies, random_experts  # noqa: E402
+from bench.moe_decode_ab import load  # noqa: E402
 from bench.moe_decode import interleaved_us  # noqa: E402
 from bench.moe_wgmma import tile_arg  # noqa: E402
 from dayzero.kernels import moe_wgmma  # noqa: E402
-from dayzero.ops.moe import ExpertWeights  # noqa: E402
 
 PAIR_BITS = """    t = words >> SHIFT
     return ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)
@@ -57,11 +56,7 @@ def variant_module(name: str, tmp: Path):
         src = src.replace(old, new)
     path = tmp / f"moe_wgmma_{name.replace('+', '_')}.py"
     path.write_text(src)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load(path, path.stem)
 
 
 def main() -> None:
@@ -78,11 +73,9 @@ def main() -> None:
         E, k, H, I, act, bias = MODELS[name]
         gen = torch.Generator(device="cuda").manual_seed(0)
         base = random_experts(E, H, I, bias, gen)
-        copies = [base] + [ExpertWeights("mxfp4", *(t.clone() for t in (base.w13, base.w2, base.w13_scale,
-                                                                          base.w2_scale)), base.b13, base.b2)
-                           for _ in range(2)]
+        sets = mxfp4_copies(base, 3)
         words = [(e.w13.view(torch.int32).view(E, 2 * I, H // 8), e.w13_scale, e.w2.view(torch.int32).view(E, H, I // 8),
-                  e.w2_scale) for e in copies]
+                  e.w2_scale) for e in sets]
         for T in args.tokens:
             x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
             ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
@@ -92,7 +85,7 @@ def main() -> None:
             fns = {v: (lambda s, m=m: m.expert_gemms(xp, d, runs, *words[s], base.b13, base.b2, act, rw, inter=I,
                                                        high_scales=False))
                    for v, m in mods.items()}
-            us = interleaved_us(fns, len(copies), args.reps)
+            us = interleaved_us(fns, len(sets), args.reps)
             fl = 2 * T * k * 3 * H * I
             for v, t in us.items():
                 print(f"{name:>13} T={T:>5} {text} {v:>6}: {t:9.1f} us {fl / t / 1e6:6.1f} TF/s "
