@@ -53,8 +53,9 @@ def words(e: ExpertWeights):
             e.w2.view(torch.int32).view(E, H, n13 // 16), e.w2_scale)
 
 
-def _graphs(fn, copies: int) -> list:
-    """fn(copy) captured once per copy, each in its own CUDA graph (after one eager call per copy)."""
+def _graphs(fn, copies: int, per_graph: int = 1) -> list:
+    """One CUDA graph per copy s of fn(s), fn(s + 1), ... (per_graph calls, copies rotating), after one
+    eager call per copy."""
     for s in range(copies):
         fn(s)
     torch.cuda.synchronize()
@@ -65,7 +66,8 @@ def _graphs(fn, copies: int) -> list:
         for s in range(copies):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=stream):
-                fn(s)
+                for j in range(per_graph):
+                    fn((s + j) % copies)
             graphs.append(g)
     torch.cuda.current_stream().wait_stream(stream)
     return graphs
@@ -79,13 +81,14 @@ def graph_us(fn, copies: int, reps: int) -> float:
     return us
 
 
-def interleaved_us(fns: dict, copies: int, reps: int) -> dict:
-    """graph_us of every fn in fns (label -> fn(copy)), timed rep by rep in turn, so that all of them see
+def interleaved_us(fns: dict, copies: int, reps: int, per_graph: int = 1) -> dict:
+    """graph_us of every fn in fns (label -> fn(copy)), per call of per_graph calls captured in one graph
+    (see _graphs), timed rep by rep in turn, so that all of them see
     the same thermal and power state (a compute-bound layer's time drifts by up to 10% as the card heats
     over a run): {label: median µs}. The first pass is warm-up. The order of the variants is shuffled
     in every pass (fixed seed): in a fixed order a variant timed after a hot one (a long compute-bound
     layer, the matmul) ran up to 14% slower than the same kernels timed after cooler ones."""
-    graphs = {label: _graphs(fn, copies) for label, fn in fns.items()}
+    graphs = {label: _graphs(fn, copies, per_graph) for label, fn in fns.items()}
     times = {label: [] for label in fns}
     order = list(graphs)
     shuffle = random.Random(0).shuffle
@@ -99,7 +102,7 @@ def interleaved_us(fns: dict, copies: int, reps: int) -> dict:
                 end.record()
                 end.synchronize()
                 if rep:
-                    times[label].append(1e3 * start.elapsed_time(end))
+                    times[label].append(1e3 * start.elapsed_time(end) / per_graph)
     del graphs
     return {label: statistics.median(t) for label, t in times.items()}
 
@@ -231,12 +234,47 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
         layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows)
 
 
-def down_ab(name: str, reps: int, copies: int, bw: float, rows: list) -> None:
-    """The default decode layer at 1, 8 and 32 tokens against variants of its down GEMM (split K with
-    combine_partials, narrower or wider programs), all timed in turn (interleaved_us), one layer per
-    graph replay."""
+def down_variants(T: int, cfg) -> dict:
+    """The default decode layer against variants of its down GEMM (split K with combine_partials,
+    narrower or wider programs) and a 2-way gate/up split."""
     import dataclasses
 
+    return {"default": cfg, "down split 2": dataclasses.replace(cfg, split_k2=2),
+            "down split 3": dataclasses.replace(cfg, split_k2=3),
+            "down 16x1024": dataclasses.replace(cfg, block_n2=16, block_k2=1024),
+            "down 8 warps": dataclasses.replace(cfg, num_warps2=8),
+            "gate/up split 2": dataclasses.replace(cfg, split_k1=2)}
+
+
+def early_variants(T: int, cfg) -> dict:
+    """The default decode layer against down GEMMs that load their first weight tiles before the PDL wait
+    (the hand prefetch, stages 0, early2: its two tiles, into registers), with the pair-order
+    dispatch (block_m 1) and without, and gate/up GEMMs that do the same (pair order)."""
+    import dataclasses
+
+    r = dataclasses.replace
+    hand = r(cfg, stages2=0, early2=True)
+    downs = {"": hand, " 16x1024x8": r(hand, block_n2=16, block_k2=1024, num_warps2=8),
+             " 32x1024x8": r(hand, block_k2=1024, num_warps2=8), " 32x512x8": r(hand, num_warps2=8),
+             " 16x512x4": r(hand, block_n2=16)}
+    out = {"default": cfg}
+    out.update({f"down{k} hand early": v for k, v in downs.items()})
+    if cfg.block_m == 1:
+        out.update({f"pair down{k} hand early": r(v, pair_order=True) for k, v in downs.items()})
+        out.update({"pair gate/up 32x1024x16 hand early": r(hand, pair_order=True, block_n1=32, block_k1=1024,
+                                                           num_warps1=16, stages1=0, early1=True),
+                    "pair gate/up 32x512x8 hand early": r(hand, pair_order=True, block_n1=32, block_k1=512,
+                                                          num_warps1=8, stages1=0, early1=True)})
+    return out
+
+
+VARIANT_SETS = {"down": down_variants, "early": early_variants}
+
+
+def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
+                tokens=TOKENS) -> None:
+    """The default decode layer at `tokens` against VARIANT_SETS[which], all timed in turn
+    (interleaved_us, per_graph layers per graph replay), with their errors against the exact layer."""
     from dayzero.kernels.moe_decode import choose_decode_config
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -245,27 +283,22 @@ def down_ab(name: str, reps: int, copies: int, bw: float, rows: list) -> None:
     base = random_experts(E, H, I, bias, gen)
     sets = mxfp4_copies(base, copies)
     mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731
-    for T in TOKENS:
+    for T in tokens:
         x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
         nbytes = int(torch.unique(ids).numel()) * (mx(2 * I, H) + mx(H, I))
-        cfg = choose_decode_config(T, T * k, E, H, I)
-        variants = {"default": cfg, "down split 2": dataclasses.replace(cfg, split_k2=2),
-                    "down split 3": dataclasses.replace(cfg, split_k2=3),
-                    "down 16x1024": dataclasses.replace(cfg, block_n2=16, block_k2=1024),
-                    "down 8 warps": dataclasses.replace(cfg, num_warps2=8),
-                    "gate/up split 2": dataclasses.replace(cfg, split_k1=2)}
+        variants = VARIANT_SETS[which](T, choose_decode_config(T, T * k, E, H, I))
         fns = {label: (lambda s, c=c: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=c))
                for label, c in variants.items()}
         ref = _experts_reference(x.float(), ids, rw, base, act)
         errs = {label: rel_err(fn(0), ref) for label, fn in fns.items()}
-        us = interleaved_us(fns, copies, reps)
+        us = interleaved_us(fns, copies, reps, per_graph)
         for label, t in us.items():
             pct = 100 * nbytes / (t * 1e-6) / bw
             rows.append({"model": name, "tokens": T, "gemm": "layer", "label": label, "config": repr(variants[label]),
-                         "us": t, "bw_pct": pct, "err": errs[label]})
-            print(f"{name:>13} T={T:>3} layer {label:>15}: {t:8.1f} us {pct:5.1f}% copy BW "
+                         "us": t, "bw_pct": pct, "err": errs[label], "per_graph": per_graph})
+            print(f"{name:>13} T={T:>3} x{per_graph} layer {label:>20}: {t:8.1f} us {pct:5.1f}% copy BW "
                   f"(default / this {us['default'] / t:.2f}) err {errs[label]:.1e}", flush=True)
 
 
@@ -340,6 +373,12 @@ def main() -> None:
     ap.add_argument("--extra-only", action="store_true", help=f"only the layers at {EXTRA_TOKENS} tokens")
     ap.add_argument("--down-ab", action="store_true",
                     help=f"only the default layers at {TOKENS} tokens against variants of the down GEMM, interleaved")
+    ap.add_argument("--early-ab", action="store_true",
+                    help=f"only the default layers at {TOKENS} tokens against the pair-order dispatch and early "
+                         "weight requests, interleaved")
+    ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
+                    help="layers per CUDA graph in --down-ab / --early-ab (each count in turn)")
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts of --down-ab / --early-ab")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
     GEMM1_TILES = args.gemm1_tiles or GEMM1_TILES
@@ -360,8 +399,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab:
-            down_ab(name, args.reps, args.copies, bw, rows)
+        if args.down_ab or args.early_ab:
+            for per_graph in args.per_graph:
+                variants_ab(name, "down" if args.down_ab else "early", args.reps, args.copies, bw, rows, per_graph,
+                            args.tokens)
         else:
             sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()

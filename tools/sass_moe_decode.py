@@ -30,10 +30,12 @@ ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*
         ("alpha", "fp32"), ("limit", "fp32")]
 
 
-def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0):
+def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0,
+                   early: bool = False, pdl: bool = False):
     """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
     gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
-    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop."""
+    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop; early: the
+    pair-order dispatch, the prefetched tiles loaded before the PDL wait (pdl: compiled with the wait)."""
     if module is None:
         from dayzero.kernels import moe_decode as module
     bm, bn, bk, warps = tile
@@ -45,13 +47,17 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
         consts["STAGES"] = stages
     elif stages:
         raise ValueError("that version of the decode kernel has no STAGES")
+    if "EARLY" in module._moe_decode_kernel.arg_names:
+        consts.update(PAIR_ORDER=early, EARLY=early, PDL=pdl)
+    elif early or pdl:
+        raise ValueError("that version of the decode kernel has no EARLY")
     sig.update({name: "constexpr" for name in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
     src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 
 
-def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int]) -> dict:
+def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int], dump: Path | None = None) -> dict:
     """Registers, spills and the main loop's opcodes; words = weight words one thread decodes per K step."""
     bm, bn, bk, warps = tile
     bk = min(bk, 1 << (k.bit_length() - 1))
@@ -60,6 +66,8 @@ def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int]) -> di
     usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
     sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
     cubin.unlink()
+    if dump:
+        dump.write_text(sass)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
     ops, total = loop_opcodes(sass)
     words = (2 if gated else 1) * bn * bk // 8 / (32 * warps)
@@ -73,6 +81,9 @@ def main() -> None:
     ap.add_argument("--gated", action="store_true", help="the gate/up GEMM (gate and up rows, activation)")
     ap.add_argument("--tile", required=True, help="BLOCK_MxBLOCK_NxBLOCK_KxWARPS, e.g. 1x64x256x8")
     ap.add_argument("--stages", type=int, default=0, help="0: register prefetch; n >= 2: the pipelined loop")
+    ap.add_argument("--early", action="store_true", help="tiles loaded before the PDL wait (pair order, stages 0)")
+    ap.add_argument("--pdl", action="store_true", help="compile the PDL wait in")
+    ap.add_argument("--dump", type=Path, help="write the SASS of this tree's kernel there")
     ap.add_argument("--compare", type=Path, help="another version of moe_decode.py to report beside this one")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
@@ -86,8 +97,10 @@ def main() -> None:
         versions.append((str(args.compare), mod))
     int_ops = ("PRMT", "LOP3", "SHF", "IADD3", "IMAD", "LEA", "ISETP", "SEL", "IDP", "I2F", "IMNMX")
     for name, mod in versions:
-        compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages if mod is None else 0)
-        r = report(compiled, args.k, args.gated, tile)
+        mine = mod is None
+        compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages if mine else 0,
+                                  args.early and mine, args.pdl and mine)
+        r = report(compiled, args.k, args.gated, tile, args.dump if mine else None)
         per = {op: n / r["words"] for op, n in r["ops"].items()}
         ints = sum(v for op, v in per.items() if op.startswith(int_ops))
         print(f"{name}: shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B; "

@@ -106,6 +106,45 @@ def _check_readback(device, scale_range, **tiles):
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+
+@interpreter
+@pytest.mark.parametrize("tokens,early,stages,split", [(1, (False, False), 0, 1), (1, (False, False), 3, 1),
+                                                       (5, (True, True), 0, 1), (5, (True, False), 0, 2),
+                                                       (1, (False, True), 0, 3)])
+def test_decode_layer_pair_order_interpreted(tokens, early, stages, split):
+    """The pair-order dispatch (block b = pair b, experts read from topk_ids) gives the sorted dispatch's
+    result bit for bit, with ids outside [0, E) dropped, whatever the early tiles, stages and split."""
+    from dayzero.kernels.moe_decode import DecodeConfig
+
+    gen = torch.Generator().manual_seed(500 + tokens)
+    E, H, I = 6, 96, 64
+    experts = random_layer(E, H, I, gen, "cpu", True)
+    x = torch.randn(tokens, H, generator=gen).bfloat16()
+    ids, w = random_routing(tokens, E, 2, gen, "cpu")
+    ids[0, 1] = -1
+    if tokens > 1:
+        ids[-1, 0] = E + 3
+    act = ACTIVATIONS["gpt_oss"]
+    tiles = (1, 64, 32, 64, 64, 4, 4, split, 1, stages, stages)
+    sorted_out = _run(x, ids, w, experts, act, DecodeConfig(*tiles))
+    paired = _run(x, ids, w, experts, act, DecodeConfig(*tiles, pair_order=True, early1=early[0], early2=early[1]))
+    assert torch.equal(paired, sorted_out)
+    valid = (ids >= 0) & (ids < E)
+    want = exact(x, ids.clamp(0, E - 1), w * valid, experts, act)
+    assert rel_err(paired, want) < 1e-2
+
+
+def test_decode_config_rejects_unsafe_early_loads():
+    from dayzero.kernels.moe_decode import DecodeConfig
+
+    with pytest.raises(ValueError, match="early1 needs pair_order"):
+        DecodeConfig(1, 32, 32, early1=True)
+    with pytest.raises(ValueError, match="pair_order needs block_m 1"):
+        DecodeConfig(2, 32, 32, pair_order=True)
+    with pytest.raises(ValueError, match="need stages 0"):
+        DecodeConfig(1, 32, 32, stages2=3, early2=True)
+    DecodeConfig(2, 32, 32, early2=True)  # the down GEMM's experts come from prep, two launches back
+
 @interpreter
 def test_decode_weights_are_exact_interpreted():
     _check_readback("cpu", (110, 140))
@@ -172,11 +211,18 @@ def test_choose_decode_config():
     assert choose_decode_config(32, 128, 128, 2880, 2880, max_rows=DECODE_MAX_ROWS_WGMMA) is not None  # ~1.6
     assert choose_decode_config(64, 256, 128, 2880, 2880, max_rows=DECODE_MAX_ROWS_WGMMA) is not None  # ~2.3
     one = choose_decode_config(1, 4, 128, 2880, 2880)  # 360 gate/up programs: K over 8 warps
-    assert (one.block_n1, one.block_k1, one.num_warps1, one.stages1, one.block_k2) == (32, 512, 8, 3, 512)
+    assert (one.block_n1, one.block_k1, one.num_warps1, one.stages1) == (32, 512, 8, 3)
+    # the down GEMM: the hand prefetch's tiles loaded before the PDL wait; 360 programs fit 3 per SM
+    assert (one.block_n2, one.block_k2, one.num_warps2, one.stages2, one.early2) == (32, 1024, 8, 0, True)
+    assert one.pair_order and not one.early1
+    one_v4 = choose_decode_config(1, 6, 256, 4096, 2048)  # 768 down programs: 4 warps each
+    assert (one_v4.block_n2, one_v4.block_k2, one_v4.num_warps2, one_v4.stages2, one_v4.early2) == (32, 512, 4, 0, True)
     eight = choose_decode_config(8, 32, 128, 2880, 2880)  # thousands of programs: the pipelined loop
-    assert (eight.block_m, eight.stages1, eight.stages2, eight.block_k1) == (1, 3, 3, 512)
+    assert (eight.block_m, eight.stages1, eight.stages2, eight.block_k1, eight.early2) == (1, 3, 3, 512, False)
+    assert eight.pair_order
     many = choose_decode_config(32, 128, 128, 2880, 2880)
     assert (many.block_m, many.block_n2, many.block_k2, many.stages2) == (2, 64, 256, 3)
+    assert not many.pair_order and not many.early2
 
 
 @interpreter
@@ -234,7 +280,11 @@ def test_decode_nan_scale_gives_nan_cuda():
                                                   (1, 1, (64, 16, 256, 1024, 8, 8, 4)),  # split K
                                                   (8, 1, (32, 32, 256, 512, 4, 4, 3, 3)),
                                                   (1, 1, (32, 16, 256, 512, 4, 4, 1, 1, 4, 3)),  # pipelined
-                                                  (32, 2, (32, 64, 256, 256, 4, 4, 1, 1, 3, 3))])
+                                                  (32, 2, (32, 64, 256, 256, 4, 4, 1, 1, 3, 3)),
+                                                  # pair order, weights requested before the PDL waits
+                                                  (1, 1, (32, 32, 512, 1024, 8, 8, 1, 1, 0, 0, True, True, True)),
+                                                  (8, 1, (32, 32, 512, 512, 4, 4, 1, 1, 3, 0, True, False, True)),
+                                                  (32, 2, (32, 64, 256, 256, 4, 4, 1, 1, 3, 0, False, False, True))])
 def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_layers):  # noqa: F811
     """Forced decode tiles (the PTX byte permutes and dp4a) at full model shapes."""
     from dayzero import ops
@@ -279,3 +329,28 @@ def test_decode_kernel_sass_for_sm90(args):
     per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
     assert per_word["PRMT"] <= 4.5 and per_word["IDP"] == 4 * rows, out
     assert ("LDGSTS" in per_word) == ("--stages" in args), out
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_decode_kernel_early_loads_precede_the_pdl_wait(early, tmp_path):
+    """Compiled for sm_90 with the PDL wait (ACQBULK): with early, the weight tiles' 16-byte loads are
+    issued before the wait; without it, no global load precedes the wait (tools/sass_moe_decode.py)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    dump = tmp_path / "kernel.sass"
+    args = ["--k", "2880", "--tile", "1x32x1024x8", "--pdl", "--dump", str(dump)] + (["--early"] if early else [])
+    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode.py"), *args], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = dump.read_text().splitlines()
+    wait = next(i for i, line in enumerate(lines) if "ACQBULK" in line)
+    before = [line for line in lines[:wait] if "LDG.E.128" in line]
+    if early:
+        assert len(before) == 8, before  # two tiles: 32 rows x 1024 codes over 256 threads, 2 x 4 x 16 B each
+    else:
+        assert not [line for line in lines[:wait] if "LDG" in line]
