@@ -38,8 +38,9 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   order, so results are deterministic (they differ from the unsplit kernels by float32 rounding).
 
 Where this stands on the H200 (docs/kernels.md has the numbers): 2-3x faster than the tensor-core
-kernel at 1-32 tokens; 39-52% of copy bandwidth at one token (8 layers per CUDA graph; a pure read
-of the same bytes reaches 57-79% in one replay), 60-83% at 8-32 tokens. Latency-bound, not instruction-bound: the offset
+kernel at 1-32 tokens; 45-59% of copy bandwidth at one token (8 layers per CUDA graph; a pure read
+of the same bytes reaches 63-75% in one replay), 61-85% at 8-32 tokens. At one token the down GEMM
+loads its first weight tiles before it waits for the gate/up GEMM (DecodeConfig.early2), 7-18% faster. Latency-bound, not instruction-bound: the offset
 bytes cut the integer work per weight word from 16 to 9 instructions and gained 0-11%; the pipelined
 loop (STAGES >= 2: tiles through shared memory, fewer registers, more programs in flight) gained
 10-25% at 8-128 tokens and, with 8-warp 32 x 512 tiles, 10-14% at one token.
