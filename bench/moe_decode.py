@@ -26,10 +26,17 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, copy_bandwidth, graph_replay_us, median_ms, mxfp4_copies, random_experts, rel_err  # noqa: E402
+from bench.moe import MODELS as LAYERS  # noqa: E402
+from bench.moe import copy_bandwidth, graph_replay_us, median_ms, mxfp4_copies, random_experts, rel_err  # noqa: E402
 from dayzero.kernels.pdl import PDL_ENV  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
+# The two models' layers, and shapes between them for diagnosis (--models): gpt-oss-120b's layer with
+# K = N = 3072 (a power-of-two multiple of the K tiles, no overlapping last tile), and without its biases
+# and clamped activation
+MODELS = {**LAYERS,
+          "gpt-oss-k3072": (128, 4, 3072, 3072) + LAYERS["gpt-oss-120b"][4:],
+          "gpt-oss-plain": (128, 4, 2880, 2880) + LAYERS["deepseek-v4"][4:]}
 TOKENS = (1, 8, 32)
 EXTRA_TOKENS = (64, 128, 256)  # layer only: decode kernels (4-row blocks past 3.5 rows) vs the tensor-core kernel
 BLOCK_MS = {1: (1,), 8: (1, 2, 4), 32: (1, 2, 4)}
@@ -112,8 +119,8 @@ def precompile(workers: int) -> None:
     import multiprocessing as mp
 
     bms = sorted({bm for v in BLOCK_MS.values() for bm in v})
-    jobs = [(m, bm, 1, t) for m in MODELS for bm in bms for t in GEMM1_TILES]
-    jobs += [(m, bm, 2, t) for m in MODELS for bm in bms for t in GEMM2_TILES]
+    jobs = [(m, bm, 1, t) for m in LAYERS for bm in bms for t in GEMM1_TILES]
+    jobs += [(m, bm, 2, t) for m in LAYERS for bm in bms for t in GEMM2_TILES]
     ctx = mp.get_context("spawn")
     with ctx.Pool(workers) as pool:
         for _ in pool.imap_unordered(_compile_one, jobs):
@@ -268,7 +275,18 @@ def early_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"down": down_variants, "early": early_variants}
+def register_variants(T: int, cfg) -> dict:
+    """The default decode layer against ptxas register caps on its GEMMs (more programs per SM, some
+    spills: tools/sass_moe_decode.py)."""
+    import dataclasses
+
+    r = dataclasses.replace
+    return {"default": cfg, "gate/up 88": r(cfg, max_registers1=88), "gate/up 80": r(cfg, max_registers1=80),
+            "gate/up 72": r(cfg, max_registers1=72), "down 64": r(cfg, max_registers2=64),
+            "down 80": r(cfg, max_registers2=80), "both 80 / 64": r(cfg, max_registers1=80, max_registers2=64)}
+
+
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "registers": register_variants}
 
 
 def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
@@ -351,7 +369,10 @@ def profile_model(name: str, reps: int, copies: int) -> None:
             per = [statistics.median(c[j].time_range.elapsed_us() for c in calls) for j in range(n)]
             span = statistics.median(c[-1].time_range.end - c[0].time_range.start for c in calls)
             names = [kernels[j].name.split("(")[0][:28] for j in range(n)]
-            print(f"{name:>13} T={T:>3} {mode}: " + ", ".join(f"{nm} {us:.1f}" for nm, us in zip(names, per)) +
+            distinct = int(torch.unique(ids).numel())
+            mb = (distinct * 2 * I * H * 17 // 32 / 1e6, distinct * H * I * 17 // 32 / 1e6)
+            print(f"{name:>13} T={T:>3} {mode} ({distinct} experts, gate/up {mb[0]:.0f} MB, down {mb[1]:.0f} MB): " +
+                  ", ".join(f"{nm} {us:.1f}" for nm, us in zip(names, per)) +
                   f" | sum {sum(per):.1f} us, first start to last end {span:.1f} us" +
                   (f", event-timed replay {event_us:.1f} us" if mode == "graph" else ""), flush=True)
         del graphs
@@ -359,7 +380,7 @@ def profile_model(name: str, reps: int, copies: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--models", nargs="+", default=list(LAYERS), choices=list(MODELS))
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--copies", type=int, default=3)
     ap.add_argument("--precompile", type=int, default=0, metavar="PROCESSES")
@@ -376,6 +397,8 @@ def main() -> None:
     ap.add_argument("--early-ab", action="store_true",
                     help=f"only the default layers at {TOKENS} tokens against the pair-order dispatch and early "
                          "weight requests, interleaved")
+    ap.add_argument("--registers-ab", action="store_true",
+                    help="only the default layers against register caps on their GEMMs, interleaved")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
                     help="layers per CUDA graph in --down-ab / --early-ab (each count in turn)")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts of --down-ab / --early-ab")
@@ -399,10 +422,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab or args.early_ab:
+        if args.down_ab or args.early_ab or args.registers_ab:
+            which = "down" if args.down_ab else "early" if args.early_ab else "registers"
             for per_graph in args.per_graph:
-                variants_ab(name, "down" if args.down_ab else "early", args.reps, args.copies, bw, rows, per_graph,
-                            args.tokens)
+                variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         else:
             sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()
