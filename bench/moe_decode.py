@@ -275,18 +275,7 @@ def early_variants(T: int, cfg) -> dict:
     return out
 
 
-def register_variants(T: int, cfg) -> dict:
-    """The default decode layer against ptxas register caps on its GEMMs (more programs per SM, some
-    spills: tools/sass_moe_decode.py)."""
-    import dataclasses
-
-    r = dataclasses.replace
-    return {"default": cfg, "gate/up 88": r(cfg, max_registers1=88), "gate/up 80": r(cfg, max_registers1=80),
-            "gate/up 72": r(cfg, max_registers1=72), "down 64": r(cfg, max_registers2=64),
-            "down 80": r(cfg, max_registers2=80), "both 80 / 64": r(cfg, max_registers1=80, max_registers2=64)}
-
-
-VARIANT_SETS = {"down": down_variants, "early": early_variants, "registers": register_variants}
+VARIANT_SETS = {"down": down_variants, "early": early_variants}
 
 
 def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
@@ -397,8 +386,6 @@ def main() -> None:
     ap.add_argument("--early-ab", action="store_true",
                     help=f"only the default layers at {TOKENS} tokens against the pair-order dispatch and early "
                          "weight requests, interleaved")
-    ap.add_argument("--registers-ab", action="store_true",
-                    help="only the default layers against register caps on their GEMMs, interleaved")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
                     help="layers per CUDA graph in --down-ab / --early-ab (each count in turn)")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts of --down-ab / --early-ab")
@@ -422,8 +409,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab or args.early_ab or args.registers_ab:
-            which = "down" if args.down_ab else "early" if args.early_ab else "registers"
+        if args.down_ab or args.early_ab:
+            which = "down" if args.down_ab else "early"
             for per_graph in args.per_graph:
                 variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         else:

@@ -83,8 +83,7 @@ class DecodeConfig:
     straight from topk_ids (written by the router, before prep), so the gate/up GEMM knows its weights
     before prep has finished. early1 / early2 (stages 0 only): the hand prefetch's first two weight tiles
     are loaded before the GEMM waits for the launch before it (PDL; see _moe_decode_kernel), so they
-    stream in while that launch finishes. early1 needs pair_order. max_registers1/2: a ptxas register cap per
-    thread (more programs per SM; None: the compiler's choice)."""
+    stream in while that launch finishes. early1 needs pair_order."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -99,8 +98,6 @@ class DecodeConfig:
     pair_order: bool = False
     early1: bool = False
     early2: bool = False
-    max_registers1: int | None = None
-    max_registers2: int | None = None
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -639,7 +636,7 @@ def _moe_decode_kernel(
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
                 num_warps: int = 4, split_k: int = 1, stages: int = 0, pair_ids: torch.Tensor | None = None,
-                early: bool = False, max_registers: int | None = None):
+                early: bool = False):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
@@ -699,7 +696,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
         STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, num_warps=num_warps, num_stages=1,
-        maxnreg=max_registers, **pdl.launch_options(dev),
+        **pdl.launch_options(dev),
     )
     return (out, out_s) if plain else out
 
@@ -803,7 +800,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         xq, xs = quantize_rows(x)
     act, alpha = kernel_activation(activation)
     tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1,
-                  pair_ids=pair_ids, early=config.early1, max_registers=config.max_registers1)
+                  pair_ids=pair_ids, early=config.early1)
     if config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -814,8 +811,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
-                    stages=config.stages2, pair_ids=pair_ids, early=config.early2,
-                    max_registers=config.max_registers2)
+                    stages=config.stages2, pair_ids=pair_ids, early=config.early2)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)
