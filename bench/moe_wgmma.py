@@ -42,16 +42,15 @@ MATMUL = "bf16 matmul 8192^3"
 def tile_arg(text: str) -> tuple[moe_wgmma.WgmmaConfig, bool, str]:
     """'128x4' -> (WgmmaConfig, high scales, label); suffixes in this order: 'lo' one multiply per pair;
     's' A_SMEM or 'p' pipeline (two register sets, one wgmma in flight); 't2' up to 2 tail blocks of 64
-    rows per expert (split_blocks), 't1-32' of 32 rows; 'r128' a ptxas register cap; 'a4' the weight words
-    loaded 4 K tiles ahead (pipeline)."""
-    m = re.fullmatch(r"(\d+)x(\d+)(lo)?([sp])?(?:t(\d)(?:-(\d+))?)?(?:r(\d+))?(?:a(\d))?", text)
+    rows per expert (split_blocks), 't1-32' of 32 rows; 'r128' a ptxas register cap."""
+    m = re.fullmatch(r"(\d+)x(\d+)(lo)?([sp])?(?:t(\d)(?:-(\d+))?)?(?:r(\d+))?", text)
     if not m:
         raise argparse.ArgumentTypeError(f"tile {text!r}: expected e.g. 128x4, 128x4lo, 256x4lopt2, 256x3pt1-32, "
                                          "128x4pr128")
-    bt, st, lo, mode, tails, tail_rows, regs, ahead = m.groups()
+    bt, st, lo, mode, tails, tail_rows, regs = m.groups()
     cfg = moe_wgmma.WgmmaConfig(int(bt), int(st), a_smem=mode == "s", pipeline=mode == "p",
                                 max_registers=int(regs) if regs else None, tail_blocks=int(tails or 0),
-                                tail_rows=int(tail_rows or moe_wgmma.TAIL_BLOCK), ahead=int(ahead or 2))
+                                tail_rows=int(tail_rows or moe_wgmma.TAIL_BLOCK))
     return cfg, lo is None, text
 
 
@@ -59,8 +58,7 @@ def cfg_label(cfg) -> str:
     """The tile_arg spelling of a config, without 'lo'."""
     return (f"{cfg.block_t}x{cfg.num_stages}" + ("s" if cfg.a_smem else "p" if cfg.pipeline else "")
             + (f"t{cfg.tail_blocks}" if cfg.tail_blocks else "")
-            + (f"-{cfg.tail_rows}" if cfg.tail_blocks and cfg.tail_rows != moe_wgmma.TAIL_BLOCK else "")
-            + (f"a{cfg.ahead}" if cfg.ahead != 2 else ""))
+            + (f"-{cfg.tail_rows}" if cfg.tail_blocks and cfg.tail_rows != moe_wgmma.TAIL_BLOCK else ""))
 
 
 def bench_model(name, tokens, tiles, reps, copies, flops, rows, with_c: bool) -> None:

@@ -39,12 +39,12 @@ ALIGNED = {"N", "w_ptr", "s_ptr", "bias_ptr", "out_ptr", "row_pair_ptr", "block_
 
 
 def compile_variant(k: int, gated: bool, bt: int, stages: int, high: bool, a_smem: bool = False,
-                    pipeline: bool = False, scheduled: bool = False, ahead: int = 2):
+                    pipeline: bool = False, scheduled: bool = False):
     layout = gl.NVMMASharedLayout.get_default_for([bt, moe_wgmma.BLOCK_K], gl.bfloat16)
     sig = {"x_desc": f"tensordesc<bf16[{bt}, {moe_wgmma.BLOCK_K}],{layout!r}>", **dict(ARGS)}
     consts = dict(K=k, GATED=gated, ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True,
                   ROUTER_WEIGHT=not gated, PERMUTE_OUT=gated, HIGH_SCALES=high, BLOCK_T=bt, STAGES=stages, GROUP_M=8, A_SMEM=a_smem,
-                  PIPELINE=pipeline, SCHEDULED=scheduled, AHEAD=ahead,
+                  PIPELINE=pipeline, SCHEDULED=scheduled,
                   num_warps=moe_wgmma.NUM_WARPS)
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
@@ -87,11 +87,10 @@ def main() -> None:
     ap.add_argument("--a-smem", action="store_true", help="the upcast tile through shared memory (A_SMEM)")
     ap.add_argument("--pipeline", action="store_true", help="two register sets, one wgmma in flight (PIPELINE)")
     ap.add_argument("--scheduled", action="store_true", help="blocks from a BlockList (split_blocks)")
-    ap.add_argument("--ahead", type=int, default=2, help="K tiles of weight words loaded ahead (2 or 4, --pipeline)")
     ap.add_argument("--dump", type=Path, help="write the whole SASS here")
     args = ap.parse_args()
     compiled = compile_variant(args.k, args.gated, args.bt, args.stages, not args.low, args.a_smem, args.pipeline,
-                               args.scheduled, args.ahead)
+                               args.scheduled)
     report(compiled, mma_loop_opcodes, args.dump, 40)
 
 if __name__ == "__main__":

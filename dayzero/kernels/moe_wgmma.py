@@ -91,7 +91,6 @@ class WgmmaConfig:
     max_registers: int | None = None  # ptxas register cap per thread (128: two 8-warp programs per SM)
     tail_blocks: int = 0  # split each expert's last rows into up to this many tail blocks (moe_layer_wgmma)
     tail_rows: int = TAIL_BLOCK  # rows of a tail block (16, 32 or 64)
-    ahead: int = 2  # pipeline: K tiles of weight words loaded ahead of the upcast (2 or 4)
 
     def __post_init__(self):
         if self.block_t not in (16, 32, 64, 128, 256):
@@ -103,8 +102,6 @@ class WgmmaConfig:
                              f"{self.block_t // self.tail_rows}, got {self.tail_blocks}")
         if self.a_smem and self.pipeline:
             raise ValueError("WgmmaConfig: a_smem and pipeline are two ways to keep a wgmma in flight; pick one")
-        if self.ahead not in (2, 4) or (self.ahead != 2 and not self.pipeline):
-            raise ValueError(f"WgmmaConfig: ahead must be 2, or 4 with pipeline, got {self.ahead}")
         if self.num_stages < 2 or self.group_m < 1:
             raise ValueError(f"WgmmaConfig: num_stages >= 2 and group_m >= 1, got {self.num_stages}, {self.group_m}")
 
@@ -315,7 +312,7 @@ def _wgmma_kernel(
     K: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr,
     HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr, PERMUTE_OUT: gl.constexpr, HIGH_SCALES: gl.constexpr,
     BLOCK_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, A_SMEM: gl.constexpr,
-    PIPELINE: gl.constexpr, SCHEDULED: gl.constexpr, num_warps: gl.constexpr, AHEAD: gl.constexpr = 2,
+    PIPELINE: gl.constexpr, SCHEDULED: gl.constexpr, num_warps: gl.constexpr,
 ):
     BN: gl.constexpr = 128
     BK: gl.constexpr = 64
@@ -380,8 +377,7 @@ def _wgmma_kernel(
             # odd tile count upcasts its first tile before the loop, and no wgmma is in flight when the
             # loop exits: with the odd tile after the loop instead, ptxas serialized every wgmma of the
             # kernel (C7513, "non wgmma instructions defining input registers ... pipeline stage").
-            # The weight words are loaded AHEAD (2 or 4) tiles ahead (wa: the next tile to upcast, wb: the one
-            # after; with 4, wc and wd the two after those, the four rotating every iteration).
+            # The weight words are loaded two tiles ahead (wa: the next tile to upcast, wb: the one after).
             ODD: gl.constexpr = num_k % 2
             if ODD:
                 a1 = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
@@ -394,26 +390,20 @@ def _wgmma_kernel(
                 a1 = gl.zeros([BN, BK], gl.bfloat16, layout=a_layout)
                 wa, sa = words, scale
             wb, sb = _load_words(w_base, s_base, wrow, (ODD + 1) * BK, K, stride_wn, stride_sn, words_layout)
-            if AHEAD == 4:  # two more tiles of words in flight: wc, wd (tiles ki + 2, ki + 3 at the loop's top)
-                wc, sc = _load_words(w_base, s_base, wrow, (ODD + 2) * BK, K, stride_wn, stride_sn, words_layout)
-                wd, sd = _load_words(w_base, s_base, wrow, (ODD + 3) * BK, K, stride_wn, stride_sn, words_layout)
             for m in range(num_k // 2):
                 ki = 2 * m + ODD
                 a0 = _upcast(wa, sa, a_layout, BN, HIGH_SCALES)
-                wa, sa = _load_words(w_base, s_base, wrow, (ki + AHEAD) * BK, K, stride_wn, stride_sn, words_layout)
+                wa, sa = _load_words(w_base, s_base, wrow, (ki + 2) * BK, K, stride_wn, stride_sn, words_layout)
                 mbarrier.wait(bars.index(ki % STAGES), (ki // STAGES) & 1)
                 acc = warpgroup_mma(a0, xs.index(ki % STAGES).permute((1, 0)), acc, is_async=True)
                 acc, a1 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a1))
                 _refill(x_desc, xs, bars, row0, ki + STAGES - 1, num_k, STAGES, BK)
                 a1 = _upcast(wb, sb, a_layout, BN, HIGH_SCALES)
-                wb, sb = _load_words(w_base, s_base, wrow, (ki + AHEAD + 1) * BK, K, stride_wn, stride_sn,
-                                     words_layout)
+                wb, sb = _load_words(w_base, s_base, wrow, (ki + 3) * BK, K, stride_wn, stride_sn, words_layout)
                 mbarrier.wait(bars.index((ki + 1) % STAGES), ((ki + 1) // STAGES) & 1)
                 acc = warpgroup_mma(a1, xs.index((ki + 1) % STAGES).permute((1, 0)), acc, is_async=True)
                 acc, a0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a0))
                 _refill(x_desc, xs, bars, row0, ki + STAGES, num_k, STAGES, BK)
-                if AHEAD == 4:
-                    wa, sa, wb, sb, wc, sc, wd, sd = wc, sc, wd, sd, wa, sa, wb, sb
             acc, a1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a1))
         else:
             for i in range(num_k):
@@ -484,7 +474,7 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
         K=K, GATED=gated, ACTIVATION=activation, HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None,
         ROUTER_WEIGHT=router_weights is not None, PERMUTE_OUT=permute_out, HIGH_SCALES=high_scales,
         BLOCK_T=bt, STAGES=config.num_stages, GROUP_M=config.group_m, A_SMEM=config.a_smem,
-        PIPELINE=config.pipeline, SCHEDULED=blocks is not None, AHEAD=config.ahead,
+        PIPELINE=config.pipeline, SCHEDULED=blocks is not None,
         num_warps=NUM_WARPS, maxnreg=config.max_registers,
     )
     return out
@@ -569,7 +559,7 @@ def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
         return dispatch(topk_ids, num_experts, config.block_t), [(config, None)]
     d = dispatch(topk_ids, num_experts, config.tail_rows)
     main, tail = split_blocks(d, config.block_t // config.tail_rows, config.tail_blocks)
-    return d, [(config, main), (WgmmaConfig(config.tail_rows, pipeline=config.pipeline, ahead=config.ahead), tail)]
+    return d, [(config, main), (WgmmaConfig(config.tail_rows, pipeline=config.pipeline), tail)]
 
 
 def expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, *, inter: int,

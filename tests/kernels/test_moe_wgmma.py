@@ -81,8 +81,7 @@ def test_choose_wgmma_config_rule():
     for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1),
                 dict(block_t=128, a_smem=True, pipeline=True), dict(block_t=128, tail_blocks=2),
                 dict(block_t=64, tail_blocks=1), dict(block_t=256, tail_blocks=1, tail_rows=48),
-                dict(block_t=64, tail_blocks=2, tail_rows=32), dict(block_t=128, ahead=4),
-                dict(block_t=128, pipeline=True, ahead=3)):
+                dict(block_t=64, tail_blocks=2, tail_rows=32)):
         with pytest.raises(ValueError, match="WgmmaConfig"):
             WgmmaConfig(**bad)
 
@@ -91,9 +90,7 @@ def test_choose_wgmma_config_rule():
                                   ["--k", "4096", "--gated", "--bt", "64", "--low"],
                                   ["--k", "2880", "--gated", "--bt", "128", "--low", "--a-smem"],
                                   ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
-                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"],
-                                  ["--k", "2880", "--gated", "--bt", "256", "--stages", "3", "--low", "--pipeline",
-                                   "--scheduled", "--ahead", "4"]])
+                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"]])
 def test_wgmma_kernel_compiles_for_sm90(args):
     """Compiled for sm_90 on this machine (no GPU): the upcast's layout conversion is trivial (the
     kernel asserts it at compile time), the main loop issues HGMMA with its A operand from registers
@@ -113,8 +110,7 @@ def test_wgmma_kernel_compiles_for_sm90(args):
 MODES = {"reg": {}, "smem": dict(a_smem=True), "pipe": dict(pipeline=True),
          "pipe128": dict(pipeline=True, max_registers=128), "split": dict(pipeline=True, tail_blocks=2),
          "split1": dict(pipeline=True, tail_blocks=1), "split32": dict(pipeline=True, tail_blocks=1, tail_rows=32),
-         "split16": dict(pipeline=True, tail_blocks=3, tail_rows=16), "pipe4": dict(pipeline=True, ahead=4),
-         "split16-4": dict(pipeline=True, tail_blocks=1, tail_rows=16, ahead=4)}
+         "split16": dict(pipeline=True, tail_blocks=3, tail_rows=16)}
 
 
 def _wgmma_layer(x, ids, w, experts, act, block_t, stages=4, high=True, mode="reg"):
@@ -139,8 +135,7 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
     (128, 16, 4, "reg"), (512, 32, 4, "reg"), (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"), (8192, 256, 3, "reg"), (2048, 64, 4, "smem"),
     (8192, 128, 4, "smem"), (8192, 256, 3, "smem"), (300, 64, 4, "pipe"), (2048, 128, 4, "pipe"),
     (8192, 128, 4, "pipe"), (8192, 128, 4, "pipe128"), (8192, 256, 3, "pipe"), (8192, 256, 4, "split"),
-    (2048, 256, 4, "split"), (4096, 128, 4, "split1"), (8192, 256, 3, "split32"), (300, 64, 4, "pipe4"),
-    (2048, 128, 4, "pipe4"), (8192, 256, 3, "split16-4")])
+    (2048, 256, 4, "split"), (4096, 128, 4, "split1"), (8192, 256, 3, "split32")])
 def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, mode):
     E, k, H, I, act, bias = MODELS[model]
     gen = torch.Generator().manual_seed(tokens + block_t + len(model))
@@ -157,7 +152,7 @@ def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, mode):
 
 
 @cuda
-@pytest.mark.parametrize("mode", ["reg", "smem", "pipe", "pipe4"])
+@pytest.mark.parametrize("mode", ["reg", "smem", "pipe"])
 @pytest.mark.parametrize("act", [Activation("swiglu"), Activation("swiglu", limit=1.5), GPT_OSS])
 def test_wgmma_layer_small_shapes_cuda(act, mode):
     """Masked K tails (H = 96, I = 160: neither a multiple of 64), an N tail in both GEMMs, scale bytes
@@ -179,8 +174,7 @@ def test_wgmma_layer_small_shapes_cuda(act, mode):
 
 @cuda
 @pytest.mark.parametrize("tokens,block_t,mode", [(500, 256, "split"), (900, 256, "split"), (700, 128, "split1"),
-                                                 (40, 256, "split"), (800, 256, "split32"), (600, 128, "split16"),
-                                                 (800, 256, "split16-4")])
+                                                 (40, 256, "split"), (800, 256, "split32"), (600, 128, "split16")])
 def test_wgmma_layer_split_blocks_cuda(tokens, block_t, mode):
     """Big blocks that reach past their expert's rows (stores masked), tail blocks in a second launch,
     experts with no big block; K and N tails as in the small-shape test."""
