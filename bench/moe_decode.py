@@ -275,7 +275,21 @@ def early_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"down": down_variants, "early": early_variants}
+def stages_variants(T: int, cfg) -> dict:
+    """The default decode layer against deeper software pipelines (more weight tiles in flight per program)
+    for its pipelined GEMMs."""
+    import dataclasses
+
+    r = dataclasses.replace
+    out = {"default": cfg}
+    for n in (4, 5, 6):
+        out[f"gate/up {n} stages"] = r(cfg, stages1=n)
+        if cfg.stages2:
+            out[f"down {n} stages"] = r(cfg, stages2=n)
+    return out
+
+
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants}
 
 
 def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
@@ -386,6 +400,8 @@ def main() -> None:
     ap.add_argument("--early-ab", action="store_true",
                     help=f"only the default layers at {TOKENS} tokens against the pair-order dispatch and early "
                          "weight requests, interleaved")
+    ap.add_argument("--stages-ab", action="store_true",
+                    help="only the default layers against deeper pipelines of their GEMMs, interleaved")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
                     help="layers per CUDA graph in --down-ab / --early-ab (each count in turn)")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts of --down-ab / --early-ab")
@@ -409,8 +425,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab or args.early_ab:
-            which = "down" if args.down_ab else "early"
+        if args.down_ab or args.early_ab or args.stages_ab:
+            which = "down" if args.down_ab else "early" if args.early_ab else "stages"
             for per_graph in args.per_graph:
                 variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         else:
