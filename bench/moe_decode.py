@@ -293,9 +293,11 @@ VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages
 
 
 def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
-                tokens=TOKENS) -> None:
-    """The default decode layer at `tokens` against VARIANT_SETS[which], all timed in turn
-    (interleaved_us, per_graph layers per graph replay), with their errors against the exact layer."""
+                tokens=TOKENS, other=None) -> None:
+    """The default decode layer at `tokens` against VARIANT_SETS[which] (which None: no variants), all timed
+    in turn (interleaved_us, per_graph layers per graph replay), with their errors against the exact layer.
+    other: another version of moe_decode.py (a module), whose moe_layer_decode with its own default config
+    is timed beside this tree's ("other default", "this default")."""
     from dayzero.kernels.moe_decode import choose_decode_config
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -309,9 +311,18 @@ def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: 
         ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
         nbytes = int(torch.unique(ids).numel()) * (mx(2 * I, H) + mx(H, I))
-        variants = VARIANT_SETS[which](T, choose_decode_config(T, T * k, E, H, I))
+        cfg = choose_decode_config(T, T * k, E, H, I)
+        variants = VARIANT_SETS[which](T, cfg) if which else {"default": cfg}
         fns = {label: (lambda s, c=c: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=c))
                for label, c in variants.items()}
+        if other is not None:
+            from dayzero.kernels import moe_decode as this
+
+            for label, mod in (("other default", other), ("this default", this)):
+                c = mod.choose_decode_config(T, T * k, E, H, I)
+                variants[label] = c
+                fns[label] = (lambda s, m=mod, c=c: m.moe_layer_decode(
+                    x, ids, rw, *words(sets[s]), sets[s].b13, sets[s].b2, act, inter=I, config=c))
         ref = _experts_reference(x.float(), ids, rw, base, act)
         errs = {label: rel_err(fn(0), ref) for label, fn in fns.items()}
         us = interleaved_us(fns, copies, reps, per_graph)
@@ -402,9 +413,11 @@ def main() -> None:
                          "weight requests, interleaved")
     ap.add_argument("--stages-ab", action="store_true",
                     help="only the default layers against deeper pipelines of their GEMMs, interleaved")
+    ap.add_argument("--old", type=Path, help="only the default layer against another version of moe_decode.py's")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
                     help="layers per CUDA graph in --down-ab / --early-ab (each count in turn)")
-    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS), help="token counts of --down-ab / --early-ab")
+    ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS),
+                    help="token counts of --down-ab / --early-ab / --stages-ab / --old")
     args = ap.parse_args()
     global GEMM1_TILES, GEMM2_TILES
     GEMM1_TILES = args.gemm1_tiles or GEMM1_TILES
@@ -425,10 +438,14 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab or args.early_ab or args.stages_ab:
-            which = "down" if args.down_ab else "early" if args.early_ab else "stages"
+        if args.down_ab or args.early_ab or args.stages_ab or args.old:
+            which = "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab else None
+            other = None
+            if args.old:
+                from bench.moe_decode_ab import load
+                other = load(args.old)
             for per_graph in args.per_graph:
-                variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens)
+                variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens, other)
         else:
             sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()

@@ -40,10 +40,12 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
 Where this stands on the H200 (docs/kernels.md has the numbers): 2-3x faster than the tensor-core
 kernel at 1-32 tokens; 45-59% of copy bandwidth at one token (8 layers per CUDA graph; a pure read
 of the same bytes reaches 63-75% in one replay), 61-85% at 8-32 tokens. At one token the down GEMM
-loads its first weight tiles before it waits for the gate/up GEMM (DecodeConfig.early2), 7-18% faster. Latency-bound, not instruction-bound: the offset
-bytes cut the integer work per weight word from 16 to 9 instructions and gained 0-11%; the pipelined
-loop (STAGES >= 2: tiles through shared memory, fewer registers, more programs in flight) gained
-10-25% at 8-128 tokens and, with 8-warp 32 x 512 tiles, 10-14% at one token.
+loads its first weight tiles before it waits for the gate/up GEMM (DecodeConfig.early2), 7-18% faster.
+Latency-bound, not instruction-bound: the offset bytes cut the integer work per weight word from 16
+to 9 instructions and gained 0-11%; the pipelined loop (STAGES >= 2: tiles through shared memory,
+fewer registers, more programs in flight) gained 10-25% at 8-128 tokens and, with 8-warp 32 x 512
+tiles, 10-14% at one token. Biases and router weights are loaded before the K loop (the bias into the
+accumulator), not in the epilogue, where their latency stalled every program (1-4% on gpt-oss-120b).
 
 Layouts (all contiguous):
     xq   int32 [R, 4, K/8]   quantized activation rows; word g of plane p holds 4 bytes for
@@ -364,7 +366,8 @@ def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.const
 def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """The four byte planes [1, BLOCK_K/32, 4], the block factors [BLOCK_K/32] and the blocks' weight
     offset corrections (24 * the block's sum) of activation row a_row for the K tile of step k0 (see
-    _tile_start): factor 0 for blocks before k0 (read twice) and where not valid. The planes are loaded 2-d with the contiguity of the weight words, so that they
+    _tile_start): factor 0 for blocks before k0 (read twice) and where not valid. The planes are loaded
+    2-d with the contiguity of the weight words, so that they
     land in the words' register layout and broadcast over N for free."""
     KB: tl.constexpr = BLOCK_K // 32
     start = _tile_start(k0, kend, BLOCK_K)
@@ -457,14 +460,13 @@ def _accumulate(words, scale, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrow
 
 
 @triton.jit
-def _row_out(acc, acc_up, r, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr, out_s_ptr,
-             offs_n, n0, alpha, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-             ROUTER_WEIGHT: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-             OUT_N: tl.constexpr, PAIR_ORDER: tl.constexpr):
-    """Epilogue of padded row mb*BLOCK_M + r: biases, activation (quantized h out) or router weight (bf16 y
-    out). PARTIAL (split-K, K chunk ks): float32 sums into slice ks of the partial buffer, gate then up
-    as they are (bias and activation follow in _activate_partials_kernel), or y times the router weight
-    with the bias in chunk 0 only."""
+def _row_out(acc, acc_up, r, mb, ks, stride_part, rweight, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
+             ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, ROUTER_WEIGHT: tl.constexpr, PARTIAL: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_N: tl.constexpr):
+    """Epilogue of padded row mb*BLOCK_M + r (its accumulators hold the biases, _bias_acc): activation
+    (quantized h out) or router weight (rweight; bf16 y out). PARTIAL (split-K, K chunk ks): float32 sums
+    into slice ks of the partial buffer, gate then up as they are (bias and activation follow in
+    _activate_partials_kernel), or y times the router weight with the bias in chunk 0 only."""
     row = (mb * BLOCK_M + r).to(tl.int64)
     v = tl.sum(acc, axis=1)
     if ACTIVATION != 0:
@@ -474,27 +476,47 @@ def _row_out(acc, acc_up, r, mb, ks, stride_part, row_pair_ptr, router_weight_pt
             tl.store(dst, v)
             tl.store(dst + OUT_N, up)
         else:
-            if HAS_BIAS:
-                v += tl.load(b_base + offs_n).to(tl.float32)
-                up += tl.load(b_base + OUT_N + offs_n).to(tl.float32)
             v = _activate(v, up, alpha, limit, ACTIVATION, HAS_LIMIT)
             _quantize_store(v, out_ptr + row * (OUT_N // 2), out_s_ptr + row * (OUT_N // 16), n0, OUT_N, BLOCK_N)
     else:
-        if HAS_BIAS:
-            bias = tl.load(b_base + offs_n).to(tl.float32)
-            if PARTIAL:
-                bias = tl.where(ks == 0, bias, 0.0)
-            v += bias
         if ROUTER_WEIGHT:
-            if PAIR_ORDER:
-                pair = mb
-            else:
-                pair = tl.load(row_pair_ptr + mb * BLOCK_M + r)
-            v = v * tl.load(router_weight_ptr + pair).to(tl.float32)
+            v = v * rweight
         if PARTIAL:
             tl.store(out_ptr + ks.to(tl.int64) * stride_part + row * OUT_N + offs_n, v)
         else:
             tl.store(out_ptr + row * OUT_N + offs_n, v.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, OFFSET: tl.constexpr, KB: tl.constexpr,
+              HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A row's accumulator at the start of the K loop [BLOCK_N, KB]: zeros, with the bias (columns OFFSET..
+    of the expert's bias row; in K chunk 0 only when PARTIAL) in block column 0. Loaded here, before
+    the loop, its latency hides behind the loop instead of stalling the epilogue, and it lives in the
+    accumulator's registers."""
+    acc = tl.zeros([BLOCK_N, KB], tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + OFFSET + offs_n).to(tl.float32)
+        first = tl.arange(0, KB)[None, :] == 0
+        if PARTIAL:
+            first = first & (ks == 0)
+        acc = tl.where(first, bias[:, None], acc)
+    return acc
+
+
+@triton.jit
+def _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The router weights of pairs p0..p3 (rows of the block; 1.0 without ROUTER_WEIGHT, 0.0 for padding),
+    loaded before the K loop so that their latency hides behind it."""
+    rw0, rw1, rw2, rw3 = 1.0, 1.0, 1.0, 1.0
+    if ROUTER_WEIGHT:
+        rw0 = tl.load(router_weight_ptr + p0, mask=p0 < S, other=0.0).to(tl.float32)
+        if BLOCK_M > 1:
+            rw1 = tl.load(router_weight_ptr + p1, mask=p1 < S, other=0.0).to(tl.float32)
+        if BLOCK_M > 2:
+            rw2 = tl.load(router_weight_ptr + p2, mask=p2 < S, other=0.0).to(tl.float32)
+            rw3 = tl.load(router_weight_ptr + p3, mask=p3 < S, other=0.0).to(tl.float32)
+    return rw0, rw1, rw2, rw3
 
 
 @triton.jit(do_not_specialize=["S", "E", "stride_be", "stride_part"])
@@ -568,17 +590,18 @@ def _moe_decode_kernel(
     zero = E >> 31
     w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
     s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
+
     KB: tl.constexpr = BLOCK_K // 32
-    acc0 = tl.zeros([BLOCK_N, KB], tl.float32)
-    acc1 = tl.zeros([BLOCK_N, KB], tl.float32)
-    acc2 = tl.zeros([BLOCK_N, KB], tl.float32)
-    acc3 = tl.zeros([BLOCK_N, KB], tl.float32)
-    up0 = tl.zeros([BLOCK_N, KB], tl.float32)
-    up1 = tl.zeros([BLOCK_N, KB], tl.float32)
-    up2 = tl.zeros([BLOCK_N, KB], tl.float32)
-    up3 = tl.zeros([BLOCK_N, KB], tl.float32)
+    WITH_BIAS: tl.constexpr = HAS_BIAS and not (GATED and PARTIAL)  # split gate/up sums get theirs later
+    acc0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, 0, KB, WITH_BIAS, PARTIAL, BLOCK_N)
+    acc1, acc2, acc3 = acc0, acc0, acc0
+    up0 = acc0
+    if GATED:
+        up0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, OUT_N, KB, WITH_BIAS, PARTIAL, BLOCK_N)
+    up1, up2, up3 = up0, up0, up0
     if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
         tl.static_assert(not EARLY, "EARLY needs the hand prefetch (STAGES 0)")
+        rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
         for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
             k0 = kbeg + step
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
@@ -598,6 +621,7 @@ def _moe_decode_kernel(
             u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
         if EARLY:  # the two tiles are on their way: now wait for the launch before
             pdl.start(PDL)
+        rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
         for step in range(0, span, BLOCK_K):
             k0 = kbeg + step
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
@@ -613,24 +637,19 @@ def _moe_decode_kernel(
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
                                                  USE_ASM)
 
-    b_base = bias_ptr + expert.to(tl.int64) * stride_be
-    _row_out(acc0, up0, 0, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
-             out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
-             BLOCK_M, BLOCK_N, OUT_N, PAIR_ORDER)
+    _row_out(acc0, up0, 0, mb, ks, stride_part, rw0, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
+             ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
     if BLOCK_M > 1:
         if nrows > 1:
-            _row_out(acc1, up1, 1, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
-                     out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
-                     BLOCK_M, BLOCK_N, OUT_N, PAIR_ORDER)
+            _row_out(acc1, up1, 1, mb, ks, stride_part, rw1, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
     if BLOCK_M > 2:
         if nrows > 2:
-            _row_out(acc2, up2, 2, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
-                     out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
-                     BLOCK_M, BLOCK_N, OUT_N, PAIR_ORDER)
+            _row_out(acc2, up2, 2, mb, ks, stride_part, rw2, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
         if nrows > 3:
-            _row_out(acc3, up3, 3, mb, ks, stride_part, row_pair_ptr, router_weight_ptr, b_base, out_ptr,
-                     out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, PARTIAL,
-                     BLOCK_M, BLOCK_N, OUT_N, PAIR_ORDER)
+            _row_out(acc3, up3, 3, mb, ks, stride_part, rw3, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
 
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
