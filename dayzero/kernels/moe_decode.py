@@ -240,15 +240,24 @@ def dequantize_rows(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _last_run_start(f1, l1, s1, f2, l2, s2):
+    """associative_scan's combine over two adjacent spans of a sorted sequence, each (first value, last
+    value, where its last run of equal values starts): the right span's run continues the left's when
+    the right span is one run (first == last, the sequence being sorted) of the left's last value."""
+    return f1, l2, tl.where((f2 == l2) & (l1 == f2), s1, s2)
+
+
+@triton.jit
 def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, S, E, max_blocks,
                  max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BS: tl.constexpr, CH: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr,
+                 BS: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr,
                  PDL: tl.constexpr, PAIR_ORDER: tl.constexpr = False):
     """Program 0: the dispatch of S <= BS pairs (moe_dispatch's layout, pairs of an expert in pair
-    order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. Pair s's rank within
-    its expert counts the earlier pairs of that expert; a pair of rank divisible by BLOCK_M opens a
-    block, so the first block of an expert is the number of such pairs of lower experts. PAIR_ORDER
-    (BLOCK_M 1): block s is pair s, row s its row (S blocks and rows)."""
+    order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. The pairs are sorted by
+    (expert, pair); a pair's rank within its expert is its distance from the start of its expert's run
+    (a segmented scan), a pair of rank divisible by BLOCK_M opens a block, and a pair's block is the
+    number of opening pairs up to it, minus one. PAIR_ORDER (BLOCK_M 1): block s is pair s, row s its
+    row (S blocks and rows)."""
     pdl.start(PDL)
     pid = tl.program_id(0)
     if pid > 0:
@@ -269,25 +278,18 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
         s = tl.arange(0, BS)
         ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
         valid = (s < S) & (ids >= 0) & (ids < E)
-        key = tl.where(valid, ids, -1)
-        rank = tl.zeros([BS], tl.int32)
-        for j0 in tl.static_range(0, BS, CH):
-            j = j0 + tl.arange(0, CH)
-            kj = tl.load(ids_ptr + j, mask=j < S, other=-1).to(tl.int32)
-            kj = tl.where((kj >= 0) & (kj < E), kj, -2)  # an invalid pair matches none
-            rank += tl.sum(((key[:, None] == kj[None, :]) & (j[None, :] < s[:, None])).to(tl.int32), axis=1)
-        tl.store(pair_row_ptr + s, rank, mask=s < S)  # scratch: each chunk below reads the ranks back
-        tl.debug_barrier()
-        first = tl.zeros([BS], tl.int32)
-        for j0 in tl.static_range(0, BS, CH):
-            j = j0 + tl.arange(0, CH)
-            kj = tl.load(ids_ptr + j, mask=j < S, other=-1).to(tl.int32)
-            rj = tl.load(pair_row_ptr + j, mask=j < S, other=1)
-            opens = (kj >= 0) & (kj < E) & (rj % BLOCK_M == 0)
-            first += tl.sum(((kj[None, :] < key[:, None]) & opens[None, :]).to(tl.int32), axis=1)
-        tl.debug_barrier()
-        prow = tl.where(valid, first * BLOCK_M + rank, -1)
-        tl.store(pair_row_ptr + s, prow, mask=s < S)
+        # The pairs sorted by (expert, pair); invalid ones and the padding past S sort last, as expert E.
+        sk = tl.sort(tl.where(valid, ids, E) * BS + s)
+        e = sk // BS
+        src = sk % BS  # the pair at sorted position i
+        i = tl.arange(0, BS)
+        _, _, start = tl.associative_scan((e, e, i), 0, _last_run_start)
+        rank = i - start  # rank within its expert: earlier pairs of that expert come first
+        ok = e < E
+        opens = ok & (rank % BLOCK_M == 0)
+        block = tl.cumsum(opens.to(tl.int32), 0) - 1  # its expert's blocks follow the lower experts' ones
+        prow = block * BLOCK_M + rank % BLOCK_M
+        tl.store(pair_row_ptr + src, tl.where(ok, prow, -1), mask=src < S)
         for r0 in tl.static_range(0, NR * BR, BR):
             r = r0 + tl.arange(0, BR)
             tl.store(row_pair_ptr + r, tl.zeros([BR], tl.int32) + S, mask=r < max_rows)
@@ -295,8 +297,8 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
             b = b0 + tl.arange(0, BR)
             tl.store(block_expert_ptr + b, tl.zeros([BR], tl.int32) + E, mask=b < max_blocks)
         tl.debug_barrier()
-        tl.store(row_pair_ptr + prow, s, mask=valid)
-        tl.store(block_expert_ptr + first + rank // BLOCK_M, key, mask=valid & (rank % BLOCK_M == 0))
+        tl.store(row_pair_ptr + prow, src, mask=ok)
+        tl.store(block_expert_ptr + block, e, mask=opens)
 
 
 PREP_MAX_PAIRS = 512
@@ -327,7 +329,7 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     nq = triton.cdiv(H, qblock)
     bs = max(16, triton.next_power_of_2(S))
     _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
-                                max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs, CH=min(bs, 64),
+                                max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs,
                                 BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024),
                                 PAIR_ORDER=pair_order, num_warps=8, **pdl.launch_options(dev))
     d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],

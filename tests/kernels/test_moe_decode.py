@@ -178,10 +178,12 @@ def test_quantize_rows_interpreted():
 
 
 @interpreter
-@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 4, 128, 1), (9, 2, 6, 4), (40, 8, 16, 2)])
+@pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 4, 128, 1), (9, 2, 6, 4), (40, 8, 16, 2),
+                                                          (32, 6, 256, 2), (64, 8, 256, 4), (50, 2, 3, 4)])
 def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, block_m):
     """The one-launch dispatch + quantization of the decode path: the reference dispatch (also stable
-    within an expert), ids outside [0, E) dropped; the same bits as quantize_rows."""
+    within an expert), ids outside [0, E) dropped; the same bits as quantize_rows. Up to the 512 pairs
+    prep takes, experts with many pairs (3 experts for 100) and with one."""
     from dayzero.kernels.moe_decode import prep, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch_reference
 
