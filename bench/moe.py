@@ -110,10 +110,9 @@ def read_floor_us(nbytes: int, reps: int, copies: int) -> float:
     return graph_replay_us(run, copies, reps)
 
 
-def graph_replay_us(fn, copies: int, reps: int, per_graph: int = 1) -> float:
-    """Median µs per call of fn(copy) captured `per_graph` times in a row (copies rotating) in one CUDA
-    graph, one graph per starting copy, timed replay by replay: per_graph = 1 is one layer per replay
-    (its launch latency included), larger values are how an engine's decode graph runs many layers."""
+def capture_graphs(fn, copies: int, per_graph: int = 1) -> list:
+    """One CUDA graph per starting copy s of fn(s), fn(s + 1), ... (per_graph calls in a row, copies
+    rotating), captured on a side stream after one eager call per copy."""
     graphs = []
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -127,6 +126,14 @@ def graph_replay_us(fn, copies: int, reps: int, per_graph: int = 1) -> float:
                     fn((s + j) % copies)
             graphs.append(g)
     torch.cuda.current_stream().wait_stream(stream)
+    return graphs
+
+
+def graph_replay_us(fn, copies: int, reps: int, per_graph: int = 1) -> float:
+    """Median µs per call of fn(copy) captured `per_graph` times in a row (copies rotating) in one CUDA
+    graph, one graph per starting copy, timed replay by replay: per_graph = 1 is one layer per replay
+    (its launch latency included), larger values are how an engine's decode graph runs many layers."""
+    graphs = capture_graphs(fn, copies, per_graph)
     us = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies) / per_graph
     del graphs
     return us

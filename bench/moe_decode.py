@@ -27,7 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.moe import MODELS as LAYERS  # noqa: E402
-from bench.moe import copy_bandwidth, graph_replay_us, median_ms, mxfp4_copies, random_experts, rel_err  # noqa: E402
+from bench.moe import (capture_graphs, copy_bandwidth, graph_replay_us, median_ms, mxfp4_copies,  # noqa: E402
+                       random_experts, rel_err)
 from dayzero.kernels.pdl import PDL_ENV  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
@@ -60,42 +61,14 @@ def words(e: ExpertWeights):
             e.w2.view(torch.int32).view(E, H, n13 // 16), e.w2_scale)
 
 
-def _graphs(fn, copies: int, per_graph: int = 1) -> list:
-    """One CUDA graph per copy s of fn(s), fn(s + 1), ... (per_graph calls, copies rotating), after one
-    eager call per copy."""
-    for s in range(copies):
-        fn(s)
-    torch.cuda.synchronize()
-    graphs = []
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for s in range(copies):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                for j in range(per_graph):
-                    fn((s + j) % copies)
-            graphs.append(g)
-    torch.cuda.current_stream().wait_stream(stream)
-    return graphs
-
-
-def graph_us(fn, copies: int, reps: int) -> float:
-    """Median µs of one graph replay of fn(copy), rotating over the copies (each captured once)."""
-    graphs = _graphs(fn, copies)
-    us = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies)
-    del graphs
-    return us
-
-
 def interleaved_us(fns: dict, copies: int, reps: int, per_graph: int = 1) -> dict:
-    """graph_us of every fn in fns (label -> fn(copy)), per call of per_graph calls captured in one graph
-    (see _graphs), timed rep by rep in turn, so that all of them see
+    """graph_replay_us of every fn in fns (label -> fn(copy)), per call of per_graph calls captured in one graph
+    (bench.moe.capture_graphs), timed rep by rep in turn, so that all of them see
     the same thermal and power state (a compute-bound layer's time drifts by up to 10% as the card heats
     over a run): {label: median µs}. The first pass is warm-up. The order of the variants is shuffled
     in every pass (fixed seed): in a fixed order a variant timed after a hot one (a long compute-bound
     layer, the matmul) ran up to 14% slower than the same kernels timed after cooler ones."""
-    graphs = {label: _graphs(fn, copies, per_graph) for label, fn in fns.items()}
+    graphs = {label: capture_graphs(fn, copies, per_graph) for label, fn in fns.items()}
     times = {label: [] for label in fns}
     order = list(graphs)
     shuffle = random.Random(0).shuffle
@@ -208,7 +181,7 @@ def sweep_model(name: str, reps: int, copies: int, bw: float, rows: list, extra_
                                           stages=(t + (0,))[3])
             for which, tiles, fn, nbytes in ((1, GEMM1_TILES, g1, b1), (2, GEMM2_TILES, g2, b2)):
                 for t in tiles:
-                    us = graph_us(lambda s: fn(s, t), copies, reps)
+                    us = graph_replay_us(lambda s: fn(s, t), copies, reps)
                     pct = 100 * nbytes / (us * 1e-6) / bw
                     st = (t + (0,))[3]
                     rows.append({"model": name, "tokens": T, "gemm": which, "block_m": bm, "block_n": t[0],
@@ -338,7 +311,7 @@ def layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes,
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
     for label, cfg in layers.items():
-        us = graph_us(lambda s: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=cfg), copies, reps)
+        us = graph_replay_us(lambda s: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=cfg), copies, reps)
         pct = 100 * nbytes / (us * 1e-6) / bw
         rows.append({"model": name, "tokens": T, "gemm": "layer", "label": label, "config": repr(cfg), "us": us,
                      "bw_pct": pct, "distinct_experts": distinct})

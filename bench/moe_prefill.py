@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.moe import MODELS, copy_bandwidth, matmul_rate, mxfp4_copies, random_experts, rel_err, to_bf16  # noqa: E402
-from bench.moe_decode import graph_us  # noqa: E402
+from bench.moe import graph_replay_us as graph_us  # noqa: E402
 from dayzero.ops.moe import ExpertWeights, _experts_reference  # noqa: E402
 
 TOKENS = (512, 1024, 2048, 8192)

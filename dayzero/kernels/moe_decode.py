@@ -592,7 +592,6 @@ def _moe_decode_kernel(
     zero = E >> 31
     w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
     s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
-
     KB: tl.constexpr = BLOCK_K // 32
     WITH_BIAS: tl.constexpr = HAS_BIAS and not (GATED and PARTIAL)  # split gate/up sums get theirs later
     acc0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, 0, KB, WITH_BIAS, PARTIAL, BLOCK_N)
