@@ -38,6 +38,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dayzero.formats import mxfp4  # noqa: E402
+from dayzero.kernels import pdl  # noqa: E402
 from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference  # noqa: E402
 
 MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
@@ -87,8 +88,10 @@ def fp8_matmul_rate() -> float:
 
 
 @triton.jit
-def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
-    """Read words [pid * ITERS * BLOCK, +ITERS * BLOCK) of src and store their sum (so the loads stay)."""
+def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, PDL: tl.constexpr):
+    """Read words [pid * ITERS * BLOCK, +ITERS * BLOCK) of src and store their sum (so the loads stay);
+    launched with programmatic dependent launch as the decode layer's kernels are (kernels/pdl.py)."""
+    pdl.start(PDL)
     base = tl.program_id(0).to(tl.int64) * (ITERS * BLOCK)
     acc = tl.zeros([BLOCK], tl.int32)
     for i in tl.static_range(ITERS):
@@ -97,17 +100,18 @@ def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(acc, axis=0))
 
 
-def read_floor_us(nbytes: int, reps: int, copies: int) -> float:
-    """Median µs of one CUDA-graph replay of a single kernel that only reads `nbytes` (rotating over
-    `copies` disjoint buffers, as the layers rotate weight copies): what the same timing method gives for
-    moving the layer's weight bytes and nothing else, launch latency included."""
+def read_floor_us(nbytes: int, reps: int, copies: int, per_graph: int = 1) -> float:
+    """Median µs per kernel of CUDA-graph replays of `per_graph` kernels in a row that each only read
+    `nbytes` (rotating over `copies` disjoint buffers, as the layers rotate weight copies): what the same
+    timing method gives for moving the layer's weight bytes and nothing else, launch latency included."""
     words = max(1, nbytes // 4)
     block, iters = 4096, 2
     grid = triton.cdiv(words, block * iters)
     bufs = [torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32, device="cuda") for _ in range(copies)]
     out = torch.empty(grid, dtype=torch.int32, device="cuda")
-    run = lambda s: _read_kernel[(grid,)](bufs[s], out, words, BLOCK=block, ITERS=iters, num_warps=8)  # noqa: E731
-    return graph_replay_us(run, copies, reps)
+    run = lambda s: _read_kernel[(grid,)](bufs[s], out, words, BLOCK=block, ITERS=iters, num_warps=8,  # noqa: E731
+                                          **pdl.launch_options(out.device))
+    return graph_replay_us(run, copies, reps, per_graph)
 
 
 def capture_graphs(fn, copies: int, per_graph: int = 1) -> list:
@@ -250,6 +254,9 @@ def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, b
             if p == "A" and T <= MULTI_LAYER_MAX_TOKENS:
                 row["floor_us_A"] = read_floor_us(nbytes, reps, copies)
                 row["floor_bw_pct_A"] = 100 * nbytes / (row["floor_us_A"] * 1e-6) / bw
+                if per_graph > 1:
+                    row["floorn_us_A"] = read_floor_us(nbytes, reps, copies, per_graph)
+                    row["floorn_bw_pct_A"] = 100 * nbytes / (row["floorn_us_A"] * 1e-6) / bw
         if "A" in fns and "C" in fns:
             row["A_over_C"] = row["graph_us_A"] / row["graph_us_C"]
         if ws is not None:
@@ -374,6 +381,8 @@ def format_row(r: dict, paths) -> str:
             parts.append(f"{p} in a multi-layer graph {r[f'graphn_us_{p}']:.1f} us/layer ({r[f'graphn_bw_pct_{p}']:.1f}% BW)")
     if "floor_us_A" in r:
         parts.append(f"read floor of A's bytes {r['floor_us_A']:.1f} us ({r['floor_bw_pct_A']:.1f}% BW)")
+    if "floorn_us_A" in r:
+        parts.append(f"in a multi-kernel graph {r['floorn_us_A']:.1f} us/kernel ({r['floorn_bw_pct_A']:.1f}% BW)")
     return " | ".join(parts)
 
 
@@ -398,11 +407,12 @@ def markdown(rows, bw, flops, paths) -> str:
 
 def markdown_decode(rows, paths, per_graph: int) -> str:
     """Decode sizes: one layer per graph replay, `per_graph` layers per replay (per layer), and the read
-    floor of path A's bytes (a kernel that only reads them, one per replay)."""
+    floor of path A's bytes (a kernel that only reads them: one per replay, and per_graph per replay)."""
     head = ["model", "T"]
     for p in paths:
         head += [f"{p} graph µs (1 layer)", f"{p} µs/layer ({per_graph} per graph)", f"{p} % copy BW ({per_graph} per graph)"]
-    head += ["read floor µs (A's bytes, 1 kernel)", "floor % copy BW"]
+    head += ["read floor µs (A's bytes, 1 kernel)", "floor % copy BW",
+             f"read floor µs ({per_graph} per graph)", f"floor % copy BW ({per_graph} per graph)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "floor_us_A" not in r and not any(f"graphn_us_{p}" in r for p in paths):
@@ -411,7 +421,8 @@ def markdown_decode(rows, paths, per_graph: int) -> str:
         for p in paths:
             cells += [f"{r[f'graph_us_{p}']:.1f}", f"{r.get(f'graphn_us_{p}', float('nan')):.1f}",
                       f"{r.get(f'graphn_bw_pct_{p}', float('nan')):.1f}%"]
-        cells += [f"{r.get('floor_us_A', float('nan')):.1f}", f"{r.get('floor_bw_pct_A', float('nan')):.1f}%"]
+        cells += [f"{r.get('floor_us_A', float('nan')):.1f}", f"{r.get('floor_bw_pct_A', float('nan')):.1f}%",
+                  f"{r.get('floorn_us_A', float('nan')):.1f}", f"{r.get('floorn_bw_pct_A', float('nan')):.1f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
