@@ -15,6 +15,7 @@ the path A before the decode kernels). Method as bench/moe.py (median of --reps 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import random
@@ -262,17 +263,36 @@ def stages_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants}
+def plain_variants(T: int, cfg) -> dict:
+    """The default decode layer against GEMMs whose K loop is plain (stages 1: each step loads its tile
+    into registers and uses it, no prefetch; latency hidden by the other programs on the SM), with
+    several tiles. bench/read_patterns.py found this order of loads the fastest for reading alone."""
+    import dataclasses
+
+    r = dataclasses.replace
+    out = {"default": cfg}
+    for bk, w in ((cfg.block_k1, cfg.num_warps1), (512, 4), (512, 8), (256, 4), (256, 8), (1024, 8)):
+        out.setdefault(f"gate/up plain {cfg.block_n1}x{bk}x{w}", r(cfg, stages1=1, block_k1=bk, num_warps1=w))
+    if cfg.stages1 and cfg.num_warps1 != 4:
+        out["gate/up 4 warps"] = r(cfg, num_warps1=4)
+    plain2 = r(cfg, stages2=1, early2=False)
+    for bn, bk, w in ((cfg.block_n2, cfg.block_k2, cfg.num_warps2), (32, 512, 4), (32, 1024, 8), (32, 256, 4)):
+        out.setdefault(f"down plain {bn}x{bk}x{w}", r(plain2, block_n2=bn, block_k2=bk, num_warps2=w))
+    out["both plain"] = r(plain2, stages1=1)
+    return out
+
+
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants}
 
 
 def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
-                tokens=TOKENS, other=None) -> None:
+                tokens=TOKENS, others=()) -> None:
     """The default decode layer at `tokens` against VARIANT_SETS[which] (which None: no variants), all timed
     in turn (interleaved_us, per_graph layers per graph replay), with their errors against the exact layer.
-    other: another version of moe_decode.py (a module), whose moe_layer_decode with its own default config
-    is timed beside this tree's ("other default", "this default")."""
+    others: (label, module) pairs, other versions of moe_decode.py whose moe_layer_decode with its own
+    default config is timed beside this tree's ("<label> default", "this default")."""
     from dayzero.kernels.moe_decode import choose_decode_config
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4, scale_facts
 
     E, k, H, I, act, bias = MODELS[name]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -285,17 +305,28 @@ def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: 
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
         nbytes = int(torch.unique(ids).numel()) * (mx(2 * I, H) + mx(H, I))
         cfg = choose_decode_config(T, T * k, E, H, I)
-        variants = VARIANT_SETS[which](T, cfg) if which else {"default": cfg}
+        variants = VARIANT_SETS[which](T, cfg) if which in VARIANT_SETS else {"default": cfg}
         fns = {label: (lambda s, c=c: moe_experts_mxfp4(x, ids, rw, sets[s], act, configs=c))
                for label, c in variants.items()}
-        if other is not None:
+        if others:
             from dayzero.kernels import moe_decode as this
 
-            for label, mod in (("other default", other), ("this default", this)):
+            for label, mod in [(f"{stem} default", m) for stem, m in others] + [("this default", this)]:
                 c = mod.choose_decode_config(T, T * k, E, H, I)
                 variants[label] = c
-                fns[label] = (lambda s, m=mod, c=c: m.moe_layer_decode(
-                    x, ids, rw, *words(sets[s]), sets[s].b13, sets[s].b2, act, inter=I, config=c))
+                # as moe_experts_mxfp4 calls it, where that version takes the scale check
+                extra = ({"normal_scales": scale_facts(base, base.w13_scale, base.w2_scale)[1]}
+                         if "normal_scales" in inspect.signature(mod.moe_layer_decode).parameters else {})
+                fns[label] = (lambda s, m=mod, c=c, extra=extra: m.moe_layer_decode(
+                    x, ids, rw, *words(sets[s]), sets[s].b13, sets[s].b2, act, inter=I, config=c, **extra))
+        if which == "normal":  # the default config, with the one-shift E8M0 factor and without
+            from dayzero.kernels.moe_decode import moe_layer_decode
+
+            for label, normal in (("exact factors", False), ("one-shift factors", True)):
+                variants[label] = cfg
+                fns[label] = (lambda s, normal=normal: moe_layer_decode(
+                    x, ids, rw, *words(sets[s]), sets[s].b13, sets[s].b2, act, inter=I, config=cfg,
+                    normal_scales=normal))
         ref = _experts_reference(x.float(), ids, rw, base, act)
         errs = {label: rel_err(fn(0), ref) for label, fn in fns.items()}
         us = interleaved_us(fns, copies, reps, per_graph)
@@ -386,7 +417,12 @@ def main() -> None:
                          "weight requests, interleaved")
     ap.add_argument("--stages-ab", action="store_true",
                     help="only the default layers against deeper pipelines of their GEMMs, interleaved")
-    ap.add_argument("--old", type=Path, help="only the default layer against another version of moe_decode.py's")
+    ap.add_argument("--normal-ab", action="store_true",
+                    help="only the default layer with exact E8M0 factors against the one-shift factors (normal scales)")
+    ap.add_argument("--plain-ab", action="store_true",
+                    help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
+    ap.add_argument("--old", type=Path, nargs="+", default=[],
+                    help="only the default layer against other versions of moe_decode.py's (each labelled by its stem)")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
                     help="layers per CUDA graph in --down-ab / --early-ab (each count in turn)")
     ap.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS),
@@ -411,14 +447,13 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab or args.early_ab or args.stages_ab or args.old:
-            which = "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab else None
-            other = None
-            if args.old:
-                from bench.moe_decode_ab import load
-                other = load(args.old)
+        if args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.old:
+            which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                     else "plain" if args.plain_ab else "normal" if args.normal_ab else None)
+            from bench.moe_decode_ab import load
+            others = [(p.stem, load(p, f"moe_decode_{i}")) for i, p in enumerate(args.old)]
             for per_graph in args.per_graph:
-                variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens, other)
+                variants_ab(name, which, args.reps, args.copies, bw, rows, per_graph, args.tokens, others)
         else:
             sweep_model(name, args.reps, args.copies, bw, rows, args.extra_only, args.pdl_ab)
         torch.cuda.empty_cache()

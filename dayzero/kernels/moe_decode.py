@@ -171,9 +171,13 @@ def _bytes(v, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _e8m0_factor(scale):
-    """E8M0 bytes -> float32 2^(s - 127): s = 0 is the subnormal 2^-127, s = 0xFF NaN."""
+def _e8m0_factor(scale, NORMAL: tl.constexpr = False):
+    """E8M0 bytes -> float32 2^(s - 127): s = 0 is the subnormal 2^-127, s = 0xFF NaN. NORMAL: the
+    caller knows every byte lies in 1..254, where the float32 with exponent field s is exact (one
+    shift instead of five instructions per byte)."""
     s = scale.to(tl.int32)
+    if NORMAL:
+        return (s << 23).to(tl.float32, bitcast=True)
     bits = tl.where(s == 0, 0x00400000, s << 23)
     bits = tl.where(s == 255, 0x7FC00000, bits)
     return bits.to(tl.float32, bitcast=True)
@@ -444,11 +448,12 @@ def _block_dot(w_lo, w_hi, wf, x, USE_ASM: tl.constexpr):
 
 @triton.jit
 def _accumulate(words, scale, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M: tl.constexpr,
-                USE_ASM: tl.constexpr):
+                USE_ASM: tl.constexpr, NORMAL: tl.constexpr):
     """Decode one weight tile once and add its block dot products with each of the block's valid rows
-    (x0..x3, at most BLOCK_M, the first nrows) to that row's accumulator [BLOCK_N, KB]."""
+    (x0..x3, at most BLOCK_M, the first nrows) to that row's accumulator [BLOCK_N, KB]. NORMAL: every
+    scale byte lies in 1..254 (_e8m0_factor)."""
     lo, hi = _e2m1_bytes(words, zero, USE_ASM)
-    f = _e8m0_factor(scale)
+    f = _e8m0_factor(scale, NORMAL)
     acc0 += _block_dot(lo, hi, f, x0, USE_ASM)
     if BLOCK_M > 1:
         if nrows > 1:
@@ -529,7 +534,7 @@ def _moe_decode_kernel(
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False,
-    EARLY: tl.constexpr = False,
+    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
@@ -540,7 +545,8 @@ def _moe_decode_kernel(
     [0, E) skip the block). EARLY (STAGES 0): the program loads the hand prefetch's two weight tiles
     before it waits for the launch before it. Until then it reads nothing that launch writes: only
     weights and the dispatch's expert ids, which were written two or more launches back (topk_ids before
-    prep; for the down GEMM, prep's dispatch), and those launches have completed (kernels/pdl.py)."""
+    prep; for the down GEMM, prep's dispatch), and those launches have completed (kernels/pdl.py).
+    NORMAL_SCALES: every E8M0 byte of w lies in 1..254 (_e8m0_factor; the caller's promise)."""
     if not EARLY:
         pdl.start(PDL)
     PARTIAL: tl.constexpr = K_CHUNK > 0
@@ -608,11 +614,11 @@ def _moe_decode_kernel(
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
             gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
             acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
-                                                 BLOCK_M, USE_ASM)
+                                                 BLOCK_M, USE_ASM, NORMAL_SCALES)
             if GATED:
                 uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
-                                                 BLOCK_M, USE_ASM)
+                                                 BLOCK_M, USE_ASM, NORMAL_SCALES)
     else:
         # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
         g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
@@ -630,13 +636,13 @@ def _moe_decode_kernel(
             g0w, g0s = g1w, g1s
             g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
             acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
-                                                 USE_ASM)
+                                                 USE_ASM, NORMAL_SCALES)
             if GATED:
                 uw, us = u0w, u0s
                 u0w, u0s = u1w, u1s
                 u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
-                                                 USE_ASM)
+                                                 USE_ASM, NORMAL_SCALES)
 
     _row_out(acc0, up0, 0, mb, ks, stride_part, rw0, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
              ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
@@ -656,7 +662,7 @@ def _moe_decode_kernel(
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
                 num_warps: int = 4, split_k: int = 1, stages: int = 0, pair_ids: torch.Tensor | None = None,
-                early: bool = False):
+                early: bool = False, normal_scales: bool = False):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
@@ -671,7 +677,9 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     pair_ids: the flat topk ids of a pair-order dispatch (prep(pair_order=True)): block b is pair b and
     its expert pair_ids[b]. early (stages 0): each program loads its first two weight tiles before it
     waits for the launch before it (see _moe_decode_kernel); the caller guarantees that the expert ids
-    it reads (pair_ids, else the dispatch) were written two or more launches back."""
+    it reads (pair_ids, else the dispatch) were written two or more launches back. normal_scales: the caller
+    guarantees every byte of `scale` lies in 1..254 (no subnormal 2^-127, no NaN): one instruction per
+    scale byte instead of five (mxfp4_scale_facts checks it once per layer)."""
     E, NW, words = w.shape
     K = words * 8
     if d.block_m not in (1, 2, 4):
@@ -715,7 +723,8 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, num_warps=num_warps, num_stages=1,
+        STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, NORMAL_SCALES=normal_scales,
+        num_warps=num_warps, num_stages=1,
         **pdl.launch_options(dev),
     )
     return (out, out_s) if plain else out
@@ -796,11 +805,12 @@ def combine_partials(part, d, num_tokens: int, out_dtype: torch.dtype) -> torch.
 
 
 def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
-                     config: DecodeConfig) -> torch.Tensor:
+                     config: DecodeConfig, normal_scales: bool = False) -> torch.Tensor:
     """dispatch + quantize x -> gate/up GEMM (bias, activation, quantized h) -> down GEMM (bias, router
     weight) -> combine. Arguments checked by moe_experts_mxfp4; w13/w2 int32 words. With config.split_k1
     the gate/up GEMM leaves partial sums and activate_partials (one more launch) finishes h; with
-    split_k2 combine_partials sums the down GEMM's chunks with the k slots (in place of combine)."""
+    split_k2 combine_partials sums the down GEMM's chunks with the k slots (in place of combine).
+    normal_scales: every byte of s13 and s2 lies in 1..254 (see decode_gemm), as the caller checked."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
     T, H = x.shape
@@ -820,7 +830,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         xq, xs = quantize_rows(x)
     act, alpha = kernel_activation(activation)
     tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1,
-                  pair_ids=pair_ids, early=config.early1)
+                  pair_ids=pair_ids, early=config.early1, normal_scales=normal_scales)
     if config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -831,7 +841,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
-                    stages=config.stages2, pair_ids=pair_ids, early=config.early2)
+                    stages=config.stages2, pair_ids=pair_ids, early=config.early2, normal_scales=normal_scales)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)

@@ -314,7 +314,7 @@ def grouped_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activ
 # -- the routed-expert layer ---------------------------------------------------------------------
 
 def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
-              configs=None, high_scales=True) -> torch.Tensor:
+              configs=None, high_scales=True, normal_scales=False) -> torch.Tensor:
     """dispatch -> gate/up GEMM with fused bias + activation -> down GEMM with bias x router weight ->
     combine. Arguments already checked; w13/w2 as grouped_gemm takes them. configs: a (GemmConfig,
     GemmConfig) pair (this module's transposed tensor-core GEMM), a (MmaConfig, MmaConfig) pair
@@ -323,7 +323,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
     sizes (MXFP4: the decode kernels when moe_decode.choose_decode_config returns a config, with its
     DECODE_MAX_ROWS_WGMMA threshold on sm_90, where moe_wgmma runs everything above; elsewhere moe_mma
     when choose_mma_configs returns configs, else this module's kernel). high_scales:
-    whether an E8M0 byte may exceed 128 (moe_wgmma), a bool or a callable asked only when moe_wgmma runs."""
+    whether an E8M0 byte may exceed 128 (moe_wgmma), a bool or a callable asked only when moe_wgmma runs;
+    normal_scales: whether every E8M0 byte lies in 1..254 (the decode kernels' one-shift factor), a bool or
+    a callable asked only when the decode kernels run."""
     from dayzero.kernels.moe_dispatch import combine, dispatch
 
     T, H = x.shape
@@ -343,8 +345,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         decode = configs or choose_decode_config(T, pairs, E, H, inter, sms,
                                                  DECODE_MAX_ROWS_WGMMA if wgmma else DECODE_MAX_ROWS_PER_EXPERT)
         if decode is not None:
+            normal = normal_scales() if callable(normal_scales) else normal_scales
             return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,
-                                    config=decode)
+                                    config=decode, normal_scales=normal)
     if mxfp4 and (isinstance(configs, moe_wgmma.WgmmaConfig) or configs is None and wgmma):
         wg = configs or moe_wgmma.choose_wgmma_config(pairs, E)
         high = high_scales() if callable(high_scales) else high_scales

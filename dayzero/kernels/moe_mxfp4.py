@@ -115,18 +115,23 @@ def _fused(x, topk_ids, topk_weights, experts, activation, configs) -> torch.Ten
     s13 = mxfp4.as_e8m0_bytes(experts.w13_scale, "experts.w13_scale")
     s2 = mxfp4.as_e8m0_bytes(experts.w2_scale, "experts.w2_scale")
     return moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, experts.b13, experts.b2, activation,
-                     inter=n13 // 2, configs=configs, high_scales=lambda: _high_scales(experts, s13, s2))
+                     inter=n13 // 2, configs=configs, high_scales=lambda: scale_facts(experts, s13, s2)[0],
+                     normal_scales=lambda: scale_facts(experts, s13, s2)[1])
 
 
-def _high_scales(experts, s13: torch.Tensor, s2: torch.Tensor) -> bool:
-    """Whether any E8M0 byte of the layer exceeds 128 (the prefill kernel then multiplies twice per code
-    pair, moe_wgmma). One host synchronisation per layer object, at its first prefill call; during CUDA
-    graph capture the answer is not computed (True: always exact)."""
-    cached = getattr(experts, "_dayzero_high_scales", None)
+def scale_facts(experts, s13: torch.Tensor, s2: torch.Tensor) -> tuple[bool, bool]:
+    """(high, normal) over every E8M0 byte of the layer: high, some byte exceeds 128 (the prefill kernel
+    then multiplies twice per code pair, moe_wgmma); normal, every byte lies in 1..254 (no subnormal
+    2^-127, no NaN: the decode kernels then turn a byte into its float32 factor with one shift,
+    moe_decode._e8m0_factor). One host synchronisation per layer object, at its first call, cached on
+    it; during CUDA graph capture nothing is computed and (True, False) is returned (always exact)."""
+    cached = getattr(experts, "_dayzero_scale_facts", None)
     if cached is not None:
         return cached
-    if torch.cuda.is_current_stream_capturing():
-        return True
-    cached = bool((s13 > 128).any() or (s2 > 128).any())
-    experts._dayzero_high_scales = cached
+    if s13.is_cuda and torch.cuda.is_current_stream_capturing():
+        return True, False
+    high = (s13 > 128).any() | (s2 > 128).any()
+    normal = ((s13 - 1) < 254).all() & ((s2 - 1) < 254).all()  # uint8: 0 wraps to 255
+    cached = (bool(high), bool(normal))
+    experts._dayzero_scale_facts = cached
     return cached

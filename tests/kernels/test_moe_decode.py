@@ -80,7 +80,7 @@ def test_decode_layer_split_k_interpreted(tokens, block_m, bias, act, tiles):
     assert rel_err(out, _experts_reference(x, ids, w, experts, ACTIVATIONS[act])) < 1.5e-2
 
 
-def _readback(blocks, scales, device, block_m=4, block_n=32, block_k=64):
+def _readback(blocks, scales, device, block_m=4, block_n=32, block_k=64, normal_scales=False):
     """Every weight column read back through the down-projection kernel: x = identity rows."""
     from dayzero.kernels.moe_decode import decode_gemm, quantize_rows
     from dayzero.kernels.moe_dispatch import dispatch
@@ -90,7 +90,8 @@ def _readback(blocks, scales, device, block_m=4, block_n=32, block_k=64):
     xq, xs = quantize_rows(torch.eye(K, dtype=torch.bfloat16, device=device))
     d = dispatch(torch.zeros(K, 1, dtype=torch.int64, device=device), E, block_m)
     words = blocks.view(torch.int32).view(E, N, K // 8)
-    out = decode_gemm(xq, xs, words, scales, None, d, out_features=N, gather=True, block_n=block_n, block_k=block_k)
+    out = decode_gemm(xq, xs, words, scales, None, d, out_features=N, gather=True, block_n=block_n, block_k=block_k,
+                      normal_scales=normal_scales)
     return out[d.pair_row.long()].T  # [N, K]
 
 
@@ -148,6 +149,33 @@ def test_decode_config_rejects_unsafe_early_loads():
 @interpreter
 def test_decode_weights_are_exact_interpreted():
     _check_readback("cpu", (110, 140))
+
+
+@interpreter
+def test_decode_one_shift_factors_are_exact_interpreted():
+    """normal_scales (every E8M0 byte in 1..254): the factor is the float32 with exponent field s, the
+    same weights as the exact path, over the whole normal range."""
+    _check_readback("cpu", (1, 254), normal_scales=True)
+
+
+def test_scale_facts_flag_subnormal_and_nan_bytes():
+    """moe_mxfp4.scale_facts: normal only when no byte is 0 (2^-127) or 255 (NaN); cached per layer."""
+    from dayzero.kernels.moe_mxfp4 import scale_facts
+    from dayzero.ops.moe import ExpertWeights
+
+    def facts(s13_bytes, s2_bytes):
+        s13 = torch.tensor(s13_bytes, dtype=torch.uint8).view(1, 1, -1)
+        s2 = torch.tensor(s2_bytes, dtype=torch.uint8).view(1, 1, -1)
+        return scale_facts(ExpertWeights("mxfp4", None, None, s13, s2), s13, s2)
+
+    assert facts([1, 127, 254], [100]) == (True, True)
+    assert facts([1, 127, 128], [100]) == (False, True)
+    assert facts([0, 127], [100]) == (False, False)
+    assert facts([127], [255]) == (True, False)
+    experts = ExpertWeights("mxfp4", None, None, None, None)
+    ok = torch.full((1, 1, 2), 127, dtype=torch.uint8)
+    assert scale_facts(experts, ok, ok) == (False, True)
+    assert scale_facts(experts, ok * 0, ok * 0) == (False, True)  # computed once per layer object
 
 
 @interpreter
@@ -261,6 +289,22 @@ def test_decode_weights_are_exact_cuda(scale_range, block_k):
     got = _readback(blocks, scales, "cuda", block_k=block_k)
     want = mxfp4.dequantize(blocks[0], scales[0], torch.bfloat16)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@cuda
+@pytest.mark.parametrize("block_k", [128, 256])
+def test_decode_one_shift_factors_are_exact_cuda(block_k):
+    """normal_scales: every scale byte of 1..254 and every code, exactly the exact path's weights."""
+    from dayzero.formats import mxfp4
+
+    gen = torch.Generator().manual_seed(7)
+    blocks, scales = random_mxfp4((1, 64), 256, gen, "cuda", (1, 254))
+    scales[0, :, 0] = torch.arange(64, dtype=torch.uint8, device="cuda") * 4 + 1  # 1 .. 253
+    scales[0, :2, 1] = torch.tensor([2, 254], dtype=torch.uint8, device="cuda")
+    blocks[0, 0, 0] = torch.arange(16, dtype=torch.uint8, device="cuda") * 17
+    got = _readback(blocks, scales, "cuda", block_k=block_k, normal_scales=True)
+    want = mxfp4.dequantize(blocks[0], scales[0], torch.bfloat16)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 @cuda
