@@ -51,7 +51,8 @@ Layouts (all contiguous):
     xq   int32 [R, 4, K/8]   quantized activation rows; word g of plane p holds 4 bytes for
                              k = 8g + 4*(p % 2) .. +3: planes 0, 1 the high bytes, 2, 3 the low bytes
     xs   float32 [R, 2, K/32] plane 0: the factor 2^(E - 141) of each 32-value block (NaN if it held a
-                             non-finite); plane 1: 24 * the block's sum of q (the weight bytes' offset)
+                             non-finite); plane 1: the bits of the int32 -24 * the block's sum of q (the
+                             weight bytes' offset, the start of the block's integer dot product)
     w    int32 [E, N, K/8]   MXFP4 codes (canonical layout, 8 per word, code k = 8g+i in bits 4i..4i+3)
     s    uint8 [E, N, K/32]  E8M0 scales
 
@@ -209,8 +210,8 @@ def _quantize_store(v, q_ptr, s_ptr, n0, N: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(q_ptr + plane + word, hi, mask=mask)
     tl.store(q_ptr + 2 * (N // 8) + plane + word, lo, mask=mask)
     tl.store(s_ptr + blk, back, mask=blk < N // 32)
-    qsum = tl.sum(tl.sum(tl.sum(q, axis=3), axis=2), axis=1)  # |24 * qsum| <= 24 * 32 * 2^14 < 2^24: exact
-    tl.store(s_ptr + N // 32 + blk, (qsum * WEIGHT_OFFSET).to(tl.float32), mask=blk < N // 32)
+    qsum = tl.sum(tl.sum(tl.sum(q, axis=3), axis=2), axis=1)  # |24 * qsum| <= 24 * 32 * 2^14 < 2^24
+    tl.store(s_ptr + N // 32 + blk, (-qsum * WEIGHT_OFFSET).to(tl.float32, bitcast=True), mask=blk < N // 32)
 
 
 @triton.jit
@@ -371,7 +372,7 @@ def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.const
 @triton.jit
 def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """The four byte planes [1, BLOCK_K/32, 4], the block factors [BLOCK_K/32] and the blocks' weight
-    offset corrections (24 * the block's sum) of activation row a_row for the K tile of step k0 (see
+    offset corrections (int32 -24 * the block's sum) of activation row a_row for the K tile of step k0 (see
     _tile_start): factor 0 for blocks before k0 (read twice) and where not valid. The planes are loaded
     2-d with the contiguity of the weight words, so that they
     land in the words' register layout and broadcast over N for free."""
@@ -386,7 +387,7 @@ def _load_row(xq_ptr, xs_ptr, a_row, k0, kend, valid, K: tl.constexpr, BLOCK_K: 
     blk = start // 32 + tl.arange(0, KB)
     xs_row = xs_ptr + a_row.to(tl.int64) * (K // 16) + blk
     xs = tl.load(xs_row, mask=(blk >= k0 // 32) & valid, other=0.0)
-    xc = tl.load(xs_row + K // 32, mask=valid, other=0.0)
+    xc = tl.load(xs_row + K // 32, mask=valid, other=0.0).to(tl.int32, bitcast=True)
     return h0, h1, l0, l1, xs, xc
 
 
@@ -434,16 +435,16 @@ def _block_dot(w_lo, w_hi, wf, x, USE_ASM: tl.constexpr):
         for j in tl.static_range(4):
             isum = _dp4a(wl[j], xh0[j], isum, "dp4a.u32.s32 $0, $1, $2, $3;")
             isum = _dp4a(wh[j], xh1[j], isum, "dp4a.u32.s32 $0, $1, $2, $3;")
-        isum = isum << 8
+        isum = isum * 256 + xc[None, :]  # one IMAD: the offset correction starts the low bytes' chain
         for j in tl.static_range(4):
             isum = _dp4a(wl[j], xl0[j], isum, "dp4a.u32.u32 $0, $1, $2, $3;")
             isum = _dp4a(wh[j], xl1[j], isum, "dp4a.u32.u32 $0, $1, $2, $3;")
     else:  # the same integers by their definition
         q0 = (_bytes(h0, True) << 8) + _bytes(l0, False)
         q1 = (_bytes(h1, True) << 8) + _bytes(l1, False)
-        isum = tl.sum(tl.sum(_bytes(w_lo, False) * q0 + _bytes(w_hi, False) * q1, axis=3), axis=2)
-    # isum < 36 * 32 * 2^14 < 2^24 and the correction too: exact in float32, and so is the difference
-    return ((isum.to(tl.float32) - xc[None, :]) * xs[None, :]) * wf
+        isum = tl.sum(tl.sum(_bytes(w_lo, False) * q0 + _bytes(w_hi, False) * q1, axis=3), axis=2) + xc[None, :]
+    # isum = the block's sum of 2 * e2m1 * q: |isum| <= 12 * 32 * 2^14 < 2^24, exact in float32
+    return (isum.to(tl.float32) * xs[None, :]) * wf
 
 
 @triton.jit
