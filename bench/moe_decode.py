@@ -282,7 +282,25 @@ def plain_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants}
+def tiles_variants(T: int, cfg) -> dict:
+    """The default decode layer against other pipelined tiles (BLOCK_N x BLOCK_K x warps, 3 stages) for one
+    GEMM at a time: whether the defaults still hold after a change of the kernel's instruction mix."""
+    import dataclasses
+
+    r = dataclasses.replace
+    out = {"default": cfg}
+    for bn, bk, w in ((32, 256, 4), (32, 512, 4), (64, 256, 4), (32, 512, 8), (32, 1024, 8), (64, 512, 8)):
+        if (bn, bk, w) != (cfg.block_n1, cfg.block_k1, cfg.num_warps1) or cfg.stages1 != 3:
+            out[f"gate/up {bn}x{bk}x{w}"] = r(cfg, block_n1=bn, block_k1=bk, num_warps1=w, stages1=3, split_k1=1)
+    if cfg.stages2:
+        for bn, bk, w in ((32, 256, 4), (32, 512, 4), (64, 256, 4), (16, 512, 4), (32, 1024, 8)):
+            if (bn, bk, w) != (cfg.block_n2, cfg.block_k2, cfg.num_warps2):
+                out[f"down {bn}x{bk}x{w}"] = r(cfg, block_n2=bn, block_k2=bk, num_warps2=w)
+    return out
+
+
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+                "tiles": tiles_variants}
 
 
 def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1,
@@ -419,6 +437,8 @@ def main() -> None:
                     help="only the default layers against deeper pipelines of their GEMMs, interleaved")
     ap.add_argument("--normal-ab", action="store_true",
                     help="only the default layer with exact E8M0 factors against the one-shift factors (normal scales)")
+    ap.add_argument("--tiles-ab", action="store_true",
+                    help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -447,9 +467,11 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.old:
+        if (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
+                or args.old):
             which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
-                     else "plain" if args.plain_ab else "normal" if args.normal_ab else None)
+                     else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
+                     else None)
             from bench.moe_decode_ab import load
             others = [(p.stem, load(p, f"moe_decode_{i}")) for i, p in enumerate(args.old)]
             for per_graph in args.per_graph:

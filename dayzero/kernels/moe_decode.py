@@ -14,10 +14,11 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   four codes and one OR, the codes themselves as PRMT's selectors (nine integer instructions per word
   of eight codes; see _E2M1_BYTES_ASM). `dp4a` (four byte x byte products plus an int32 addend)
   multiplies them with the activation bytes; the offset comes back out as 24 times the block's
-  activation sum, stored by the quantizer beside the block factor. A 32-value block's integer sum
-  (< 2^24, exact in float32, as is the corrected sum) is scaled by the activation factor and the
-  block's E8M0 factor 2^(s - 127) (NaN for 0xFF), both powers of two, so every block's contribution is
-  exact and only the float32 sum over blocks rounds.
+  activation sum, stored by the quantizer beside the block factor as the int32 that starts the
+  block's low-byte dp4a chain. A 32-value block's integer sum (< 2^24, exact in float32) is scaled by
+  the activation factor and the block's E8M0 factor 2^(s - 127) (NaN for 0xFF; one shift where the
+  caller knows every byte lies in 1..254, NORMAL_SCALES), both powers of two, so every block's
+  contribution is exact and only the float32 sum over blocks rounds.
 - A program owns one dispatch block (BLOCK_M <= 4 padded rows of one expert) and BLOCK_N outputs; the
   weights of a K tile are decoded once and used for every valid row of the block (rows past the
   expert's count are skipped at run time). Tiles are read unmasked (a last partial K tile is read
@@ -38,14 +39,16 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
   order, so results are deterministic (they differ from the unsplit kernels by float32 rounding).
 
 Where this stands on the H200 (docs/kernels.md has the numbers): 2-3x faster than the tensor-core
-kernel at 1-32 tokens; 45-59% of copy bandwidth at one token (8 layers per CUDA graph; a pure read
-of the same bytes reaches 63-75% in one replay), 61-85% at 8-32 tokens. At one token the down GEMM
-loads its first weight tiles before it waits for the gate/up GEMM (DecodeConfig.early2), 7-18% faster.
-Latency-bound, not instruction-bound: the offset bytes cut the integer work per weight word from 16
-to 9 instructions and gained 0-11%; the pipelined loop (STAGES >= 2: tiles through shared memory,
-fewer registers, more programs in flight) gained 10-25% at 8-128 tokens and, with 8-warp 32 x 512
-tiles, 10-14% at one token. Biases and router weights are loaded before the K loop (the bias into the
-accumulator), not in the epilogue, where their latency stalled every program (1-4% on gpt-oss-120b).
+kernel at 1-32 tokens; 48-62% of copy bandwidth at one token (8 layers per CUDA graph, where a pure
+read of the same bytes reaches 91-95%), 65-89% at 8-32 tokens. At one token the down GEMM loads its
+first weight tiles before it waits for the gate/up GEMM (DecodeConfig.early2), 7-18% faster. Bound by
+latency and by issued instructions about equally: the offset bytes cut the integer work per weight
+word from 16 to 9 instructions and gained 0-11%; the pipelined loop (STAGES >= 2: tiles through shared
+memory, fewer registers, more programs in flight) gained 10-25% at 8-128 tokens and, with 8-warp
+32 x 512 tiles, 10-14% at one token; removing the scale path's instructions (a measurement, wrong
+results) would gain 10-13%, its one-shift factors gained 1-5%, hiding its load latency nothing.
+Biases and router weights are loaded before the K loop (the bias into the accumulator), not in the
+epilogue, where their latency stalled every program (1-4% on gpt-oss-120b).
 
 Layouts (all contiguous):
     xq   int32 [R, 4, K/8]   quantized activation rows; word g of plane p holds 4 bytes for
