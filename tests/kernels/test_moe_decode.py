@@ -158,6 +158,31 @@ def test_decode_one_shift_factors_are_exact_interpreted():
     _check_readback("cpu", (1, 254), normal_scales=True)
 
 
+@interpreter
+@pytest.mark.parametrize("byte", [0, 255])
+def test_decode_layer_exact_path_for_special_scale_bytes_interpreted(byte):
+    """A layer with an E8M0 byte of 0 (2^-127) or 255 (NaN) runs the exact factors (scale_facts): with
+    0xFF in the gate rows of token 0's first expert, token 0's output is NaN and the others' are not;
+    with 0 the layer still matches the exact float32 layer."""
+    from dayzero.kernels.moe_decode import DecodeConfig
+    from dayzero.kernels.moe_mxfp4 import scale_facts
+
+    gen = torch.Generator().manual_seed(11)
+    E, H, I = 6, 96, 64
+    experts = random_layer(E, H, I, gen, "cpu", False)
+    x = torch.randn(3, H, generator=gen).bfloat16()
+    _, w = random_routing(3, E, 2, gen, "cpu")
+    ids = torch.tensor([[0, 1], [2, 3], [4, 5]])  # expert 0 serves token 0 alone
+    experts.w13_scale[0, 5, 1] = byte  # gate row 5, K block 1
+    act = ACTIVATIONS["swiglu"]
+    out = _run(x, ids, w, experts, act, DecodeConfig(1, 64, 32, 64, 64))
+    assert scale_facts(experts, experts.w13_scale, experts.w2_scale)[1] is False
+    if byte == 255:  # h's block 0 of (token 0, expert 0) is NaN, so is every column of its down projection
+        assert out[0].isnan().all() and out[1:].isfinite().all()
+    else:
+        assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
+
+
 def test_scale_facts_flag_subnormal_and_nan_bytes():
     """moe_mxfp4.scale_facts: normal only when no byte is 0 (2^-127) or 255 (NaN); cached per layer."""
     from dayzero.kernels.moe_mxfp4 import scale_facts
