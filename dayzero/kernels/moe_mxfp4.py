@@ -124,14 +124,17 @@ def scale_facts(experts, s13: torch.Tensor, s2: torch.Tensor) -> tuple[bool, boo
     then multiplies twice per code pair, moe_wgmma); normal, every byte lies in 1..254 (no subnormal
     2^-127, no NaN: the decode kernels then turn a byte into its float32 factor with one shift,
     moe_decode._e8m0_factor). One host synchronisation per layer object, at its first call, cached on
-    it; during CUDA graph capture nothing is computed and (True, False) is returned (always exact)."""
+    it with the scale tensors' storage and version counters (an in-place change of the scales, a weight
+    reload, recomputes it); during CUDA graph capture nothing is computed and (True, False) is returned
+    (always exact)."""
+    key = (s13.data_ptr(), s13._version, s2.data_ptr(), s2._version)
     cached = getattr(experts, "_dayzero_scale_facts", None)
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] == key:
+        return cached[1]
     if s13.is_cuda and torch.cuda.is_current_stream_capturing():
         return True, False
     high = (s13 > 128).any() | (s2 > 128).any()
     normal = ((s13 - 1) < 254).all() & ((s2 - 1) < 254).all()  # uint8: 0 wraps to 255
-    cached = (bool(high), bool(normal))
-    experts._dayzero_scale_facts = cached
-    return cached
+    facts = (bool(high), bool(normal))
+    experts._dayzero_scale_facts = (key, facts)
+    return facts

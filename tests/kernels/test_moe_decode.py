@@ -200,7 +200,9 @@ def test_scale_facts_flag_subnormal_and_nan_bytes():
     experts = ExpertWeights("mxfp4", None, None, None, None)
     ok = torch.full((1, 1, 2), 127, dtype=torch.uint8)
     assert scale_facts(experts, ok, ok) == (False, True)
-    assert scale_facts(experts, ok * 0, ok * 0) == (False, True)  # computed once per layer object
+    assert experts._dayzero_scale_facts[1] == (False, True)  # cached on the layer object
+    ok[0, 0, 1] = 255  # changed in place (a weight reload): computed again
+    assert scale_facts(experts, ok, ok) == (True, False)
 
 
 @interpreter
