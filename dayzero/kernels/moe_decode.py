@@ -683,7 +683,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     waits for the launch before it (see _moe_decode_kernel); the caller guarantees that the expert ids
     it reads (pair_ids, else the dispatch) were written two or more launches back. normal_scales: the caller
     guarantees every byte of `scale` lies in 1..254 (no subnormal 2^-127, no NaN): one instruction per
-    scale byte instead of five (mxfp4_scale_facts checks it once per layer)."""
+    scale byte instead of five (moe_mxfp4.scale_facts checks it once per layer)."""
     E, NW, words = w.shape
     K = words * 8
     if d.block_m not in (1, 2, 4):
