@@ -289,7 +289,8 @@ def tiles_variants(T: int, cfg) -> dict:
 
     r = dataclasses.replace
     out = {"default": cfg}
-    for bn, bk, w in ((32, 256, 4), (32, 512, 4), (64, 256, 4), (32, 512, 8), (32, 1024, 8), (64, 512, 8)):
+    for bn, bk, w in ((32, 256, 4), (32, 512, 4), (64, 256, 4), (32, 512, 8), (32, 1024, 8), (64, 512, 8),
+                      (64, 128, 4), (64, 128, 8), (32, 128, 4)):  # 128-wide K: K = 2880 wastes 2% (512: 7%)
         if (bn, bk, w) != (cfg.block_n1, cfg.block_k1, cfg.num_warps1) or cfg.stages1 != 3:
             out[f"gate/up {bn}x{bk}x{w}"] = r(cfg, block_n1=bn, block_k1=bk, num_warps1=w, stages1=3, split_k1=1)
     if cfg.stages2:
@@ -299,7 +300,21 @@ def tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+def tma_variants(T: int, cfg) -> dict:
+    """The default decode layer against GEMMs whose weight tiles come by TMA (tensor descriptors, the
+    software pipeline; a down GEMM on the hand prefetch is switched to 3 stages for it), one GEMM at a time
+    and both."""
+    import dataclasses
+
+    r = dataclasses.replace
+    down = r(cfg, stages2=cfg.stages2 or 3, early2=False, tma2=True)
+    out = {"default": cfg, "gate/up tma": r(cfg, tma1=True), "down tma": down, "both tma": r(down, tma1=True)}
+    if not cfg.stages2:
+        out["down 3 stages"] = r(cfg, stages2=3, early2=False)
+    return out
+
+
+VARIANT_SETS = {"tma": tma_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -354,6 +369,80 @@ def variants_ab(name: str, which: str, reps: int, copies: int, bw: float, rows: 
                          "us": t, "bw_pct": pct, "err": errs[label], "per_graph": per_graph})
             print(f"{name:>13} T={T:>3} x{per_graph} layer {label:>20}: {t:8.1f} us {pct:5.1f}% copy BW "
                   f"(default / this {us['default'] / t:.2f}) err {errs[label]:.1e}", flush=True)
+
+
+def parts_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1, tokens=TOKENS) -> None:
+    """The default decode layer against its launches alone and in partial chains (prep, gate/up GEMM, down
+    GEMM, combine; inputs made beforehand for every weight copy), all timed in turn: what each launch
+    costs inside a graph of per_graph layers, and what the chain adds to the sum of its parts (the waits
+    of each launch for all programs of the one before). Split-K configs are not covered."""
+    from dayzero.kernels import moe_decode as md
+    from dayzero.kernels.moe_dispatch import combine
+    from dayzero.kernels.moe_gemm import kernel_activation
+    from dayzero.kernels.moe_mxfp4 import scale_facts
+
+    E, k, H, I, act, bias = MODELS[name]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    base = random_experts(E, H, I, bias, gen)
+    sets = mxfp4_copies(base, copies)
+    normal = scale_facts(base, base.w13_scale, base.w2_scale)[1]
+    kact, alpha = kernel_activation(act)
+    mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731
+    for T in tokens:
+        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k].contiguous()
+        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1).contiguous().view(-1)
+        distinct = int(torch.unique(ids).numel())
+        n1, n2 = distinct * mx(2 * I, H), distinct * mx(H, I)
+        cfg = md.choose_decode_config(T, T * k, E, H, I)
+        if cfg.split_k1 > 1 or cfg.split_k2 > 1:
+            raise SystemExit("--parts-ab: split-K configs are not covered")
+        pair_ids = ids.view(-1) if cfg.pair_order else None
+
+        def prep():
+            return md.prep(x, ids, E, cfg.block_m, pair_order=cfg.pair_order)
+
+        def gate_up(s, d, xq, xs):
+            w13, s13, _, _ = words(sets[s])
+            return md.decode_gemm(xq, xs, w13, s13, sets[s].b13, d, out_features=I, gather=True, activation=kact,
+                                  alpha=alpha, limit=act.limit, block_n=cfg.block_n1, block_k=cfg.block_k1,
+                                  num_warps=cfg.num_warps1, stages=cfg.stages1, pair_ids=pair_ids, early=cfg.early1,
+                                  normal_scales=normal)
+
+        def down(s, d, hq, hs):
+            _, _, w2, s2 = words(sets[s])
+            return md.decode_gemm(hq.view(-1, I // 2), hs, w2, s2, sets[s].b2, d, out_features=H, gather=False,
+                                  router_weights=rw, block_n=cfg.block_n2, block_k=cfg.block_k2,
+                                  num_warps=cfg.num_warps2, stages=cfg.stages2, pair_ids=pair_ids, early=cfg.early2,
+                                  normal_scales=normal)
+
+        d, xq, xs = prep()
+        hs_ = [gate_up(s, d, xq, xs) for s in range(copies)]
+        ys = [down(s, d, *hs_[s]) for s in range(copies)]
+        torch.cuda.synchronize()
+        fns = {
+            "layer": lambda s: md.moe_layer_decode(x, ids, rw.view(T, k), *words(sets[s]), sets[s].b13, sets[s].b2,
+                                                   act, inter=I, config=cfg, normal_scales=normal),
+            "prep": lambda s: prep(),
+            "gate/up": lambda s: gate_up(s, d, xq, xs),
+            "down": lambda s: down(s, d, *hs_[s]),
+            "combine": lambda s: combine(ys[s], d, T, x.dtype),
+            "prep+gate/up": lambda s: gate_up(s, *prep()),
+            "gate/up+down": lambda s: down(s, d, *gate_up(s, d, xq, xs)),
+            "down+combine": lambda s: combine(down(s, d, *hs_[s]), d, T, x.dtype),
+            "layer w/o combine": lambda s: (lambda p: down(s, p[0], *gate_up(s, *p)))(prep()),
+        }
+        us = interleaved_us(fns, copies, reps, per_graph)
+        nbytes = {"gate/up": n1, "down": n2, "prep+gate/up": n1, "gate/up+down": n1 + n2, "down+combine": n2,
+                  "layer w/o combine": n1 + n2, "layer": n1 + n2}
+        parts = us["prep"] + us["gate/up"] + us["down"] + us["combine"]
+        for label, t in us.items():
+            pct = 100 * nbytes[label] / (t * 1e-6) / bw if label in nbytes else float("nan")
+            rows.append({"model": name, "tokens": T, "gemm": "part", "label": label, "config": repr(cfg), "us": t,
+                         "bw_pct": pct, "per_graph": per_graph})
+            print(f"{name:>13} T={T:>3} x{per_graph} {label:>18}: {t:8.1f} us {pct:5.1f}% copy BW", flush=True)
+        print(f"{name:>13} T={T:>3} x{per_graph} sum of the four launches alone {parts:.1f} us, the layer "
+              f"{us['layer']:.1f} us", flush=True)
 
 
 def layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows) -> None:
@@ -441,6 +530,10 @@ def main() -> None:
                     help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
+    ap.add_argument("--tma-ab", action="store_true",
+                    help="only the default layer against GEMMs with TMA weight tiles")
+    ap.add_argument("--parts-ab", action="store_true",
+                    help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
                     help="only the default layer against other versions of moe_decode.py's (each labelled by its stem)")
     ap.add_argument("--per-graph", type=int, nargs="+", default=[1],
@@ -467,9 +560,12 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.old):
-            which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+        if args.parts_ab:
+            for per_graph in args.per_graph:
+                parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
+        elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
+                or args.tma_ab or args.old):
+            which = ("tma" if args.tma_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load
