@@ -300,21 +300,7 @@ def tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-def tma_variants(T: int, cfg) -> dict:
-    """The default decode layer against GEMMs whose weight tiles come by TMA (tensor descriptors, the
-    software pipeline; a down GEMM on the hand prefetch is switched to 3 stages for it), one GEMM at a time
-    and both."""
-    import dataclasses
-
-    r = dataclasses.replace
-    down = r(cfg, stages2=cfg.stages2 or 3, early2=False, tma2=True)
-    out = {"default": cfg, "gate/up tma": r(cfg, tma1=True), "down tma": down, "both tma": r(down, tma1=True)}
-    if not cfg.stages2:
-        out["down 3 stages"] = r(cfg, stages2=3, early2=False)
-    return out
-
-
-VARIANT_SETS = {"tma": tma_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -530,8 +516,6 @@ def main() -> None:
                     help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
-    ap.add_argument("--tma-ab", action="store_true",
-                    help="only the default layer against GEMMs with TMA weight tiles")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -564,8 +548,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.tma_ab or args.old):
-            which = ("tma" if args.tma_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.old):
+            which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load

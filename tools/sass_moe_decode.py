@@ -31,13 +31,12 @@ ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*
 
 
 def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0,
-                   early: bool = False, pdl: bool = False, normal: bool = False, tma: bool = False):
+                   early: bool = False, pdl: bool = False, normal: bool = False):
     """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
     gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
     passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop; early: the
     pair-order dispatch, the prefetched tiles loaded before the PDL wait (pdl: compiled with the wait);
-    normal: the one-shift E8M0 factors (every scale byte in 1..254); tma: the weight tiles by TMA (a tensor
-    descriptor, the pipelined loop)."""
+    normal: the one-shift E8M0 factors (every scale byte in 1..254)."""
     if module is None:
         from dayzero.kernels import moe_decode as module
     bm, bn, bk, warps = tile
@@ -57,14 +56,8 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
         consts["NORMAL_SCALES"] = normal
     elif normal:
         raise ValueError("that version of the decode kernel has no NORMAL_SCALES")
-    if tma:
-        if "TMA" not in module._moe_decode_kernel.arg_names or not stages:
-            raise ValueError("tma needs a version of the decode kernel with TMA and --stages >= 2")
-        consts["TMA"] = True
-        sig["w_ptr"] = f"tensordesc<i32[{bn}, {consts['BLOCK_K'] // 8}]>"
     sig.update({name: "constexpr" for name in consts})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS)
-             if name.endswith("_ptr") and not sig[name].startswith("tensordesc")}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
     src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 
@@ -96,7 +89,6 @@ def main() -> None:
     ap.add_argument("--early", action="store_true", help="tiles loaded before the PDL wait (pair order, stages 0)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL wait in")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
-    ap.add_argument("--tma", action="store_true", help="weight tiles by TMA (needs --stages >= 2)")
     ap.add_argument("--dump", type=Path, help="write the SASS of this tree's kernel there")
     ap.add_argument("--compare", type=Path, help="another version of moe_decode.py to report beside this one")
     args = ap.parse_args()
@@ -113,7 +105,7 @@ def main() -> None:
     for name, mod in versions:
         mine = mod is None
         compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages,
-                                  args.early and mine, args.pdl and mine, args.normal and mine, args.tma and mine)
+                                  args.early and mine, args.pdl and mine, args.normal and mine)
         r = report(compiled, args.k, args.gated, tile, args.dump if mine else None)
         per = {op: n / r["words"] for op, n in r["ops"].items()}
         ints = sum(v for op, v in per.items() if op.startswith(int_ops))

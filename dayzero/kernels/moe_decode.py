@@ -104,13 +104,8 @@ class DecodeConfig:
     pair_order: bool = False
     early1: bool = False
     early2: bool = False
-    tma1: bool = False
-    tma2: bool = False
 
     def __post_init__(self):
-        if (self.tma1 and not self.stages1) or (self.tma2 and not self.stages2):
-            raise ValueError("DecodeConfig: tma1/tma2 (weight tiles by TMA) need the software pipeline, stages >= 2; "
-                             f"got stages {self.stages1}, {self.stages2}")
         if self.pair_order and self.block_m != 1:
             raise ValueError(f"DecodeConfig: pair_order needs block_m 1, got {self.block_m}")
         if self.early1 and not self.pair_order:
@@ -360,19 +355,14 @@ def _tile_start(k0, kend, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                w_row0=0, TMA: tl.constexpr = False):
+def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """int32 words [BLOCK_N, BLOCK_K/32, 4] and E8M0 bytes [BLOCK_N, BLOCK_K/32] of rows n0.. for the
-    K tile of step k0 (see _tile_start). TMA: w_base is a tensor descriptor over all experts' words
-    [E * NW, K/8] with blocks [BLOCK_N, BLOCK_K/8], the expert's first row w_row0."""
+    K tile of step k0 (see _tile_start)."""
     KB: tl.constexpr = BLOCK_K // 32
     start = _tile_start(k0, kend, BLOCK_K)
-    if TMA:
-        words = w_base.load([w_row0 + n0, start // 8])
-    else:
-        word = start // 8 + tl.arange(0, BLOCK_K // 8)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        words = tl.load(w_base + offs_n[:, None] * (K // 8) + word[None, :])  # 2-d: a warp reads whole rows
+    word = start // 8 + tl.arange(0, BLOCK_K // 8)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    words = tl.load(w_base + offs_n[:, None] * (K // 8) + word[None, :])  # 2-d: a warp reads whole rows
     # The scale bytes as a flat [BLOCK_N * KB] load, one byte per thread in row-major order, which is
     # how the words' layout holds the 32-value blocks; the select hides the contiguity of kb from the
     # compiler, which would otherwise vectorize the bytes into another layout.
@@ -548,7 +538,7 @@ def _moe_decode_kernel(
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False,
-    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False, TMA: tl.constexpr = False,
+    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
@@ -610,12 +600,7 @@ def _moe_decode_kernel(
     # 0, opaque to the compiler: the byte-permute tables (zero + constant) then stay in registers
     # instead of being re-materialized before every use
     zero = E >> 31
-    if TMA:  # w_ptr: a tensor descriptor over [E * NW, K/8] (decode_gemm)
-        w_base = w_ptr
-        w_row0 = expert * NW
-    else:
-        w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
-        w_row0 = 0
+    w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
     s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
     KB: tl.constexpr = BLOCK_K // 32
     WITH_BIAS: tl.constexpr = HAS_BIAS and not (GATED and PARTIAL)  # split gate/up sums get theirs later
@@ -631,15 +616,14 @@ def _moe_decode_kernel(
         for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
             k0 = kbeg + step
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
-            gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K, w_row0, TMA)
+            gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
             acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
                                                  BLOCK_M, USE_ASM, NORMAL_SCALES)
             if GATED:
-                uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K, w_row0, TMA)
+                uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
                                                  BLOCK_M, USE_ASM, NORMAL_SCALES)
     else:
-        tl.static_assert(not TMA, "TMA weight tiles need the software pipeline (STAGES >= 2)")
         # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
         g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
         g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
@@ -682,7 +666,7 @@ def _moe_decode_kernel(
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
                 num_warps: int = 4, split_k: int = 1, stages: int = 0, pair_ids: torch.Tensor | None = None,
-                early: bool = False, normal_scales: bool = False, tma: bool = False):
+                early: bool = False, normal_scales: bool = False):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
@@ -733,16 +717,9 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     if pair_ids is not None and (d.block_m != 1 or pair_ids.shape != (S,) or d.max_blocks != S):
         raise ValueError(f"decode_gemm: pair_ids [{S}] need a pair-order dispatch (block_m 1, {S} blocks), got "
                          f"{tuple(pair_ids.shape)} with block_m {d.block_m} and {d.max_blocks} blocks")
-    if tma and not stages:
-        raise ValueError("decode_gemm: tma weight tiles need the software pipeline (stages >= 2)")
-    w_arg = w
-    if tma:  # all experts' rows as one 2-d tensor: a tile never crosses an expert (block_n divides NW)
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        w_arg = TensorDescriptor(w, [E * NW, words], [words, 1], [block_n, block_k // 8])
     grid = (d.max_blocks, out_features // block_n, chunks)
     _moe_decode_kernel[grid](
-        xq, xs, w_arg, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy,
+        xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy,
         d.row_pair, d.block_expert if pair_ids is None else pair_ids,
         router_weights if router_weights is not None else dummy,
         S, E, bias.stride(0) if bias is not None else 0, out[0].numel() if k_chunk else 0, float(alpha),
@@ -750,7 +727,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         K=K, NW=NW, OUT_N=out_features, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
-        STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, NORMAL_SCALES=normal_scales, TMA=tma,
+        STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, NORMAL_SCALES=normal_scales,
         num_warps=num_warps, num_stages=1,
         **pdl.launch_options(dev),
     )
@@ -857,7 +834,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         xq, xs = quantize_rows(x)
     act, alpha = kernel_activation(activation)
     tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1,
-                  pair_ids=pair_ids, early=config.early1, normal_scales=normal_scales, tma=config.tma1)
+                  pair_ids=pair_ids, early=config.early1, normal_scales=normal_scales)
     if config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -868,8 +845,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
-                    stages=config.stages2, pair_ids=pair_ids, early=config.early2, normal_scales=normal_scales,
-                    tma=config.tma2)
+                    stages=config.stages2, pair_ids=pair_ids, early=config.early2, normal_scales=normal_scales)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)
