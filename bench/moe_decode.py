@@ -300,26 +300,7 @@ def tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-def fused_variants(T: int, cfg) -> dict:
-    """The default decode layer against both GEMMs in one persistent launch (DecodeConfig.fused, pair order
-    only) with several down tiles (hand prefetch, as many warps as the gate/up tile) and programs per SM."""
-    import dataclasses
-
-    r = dataclasses.replace
-    out = {"default": cfg}
-    if not cfg.pair_order:
-        return out
-    w = cfg.num_warps1
-    per = (2, 3) if w == 8 else (4, 6)
-    for bn, bk, st in ((32, 512, 0), (32, 512, 3), (32, 256, 3), (32, 1024, 3)):
-        for per_sm in per:
-            out[f"fused down {bn}x{bk}x{w}{' 3 stages' if st else ''} {per_sm}/SM"] = r(
-                cfg, fused=True, fused_per_sm=per_sm, block_n2=bn, block_k2=bk, num_warps2=w, stages2=st,
-                early2=not st)
-    return out
-
-
-VARIANT_SETS = {"fused": fused_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -535,8 +516,6 @@ def main() -> None:
                     help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
-    ap.add_argument("--fused-ab", action="store_true",
-                    help="only the default layer against both GEMMs in one persistent launch")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -569,8 +548,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.fused_ab or args.old):
-            which = ("fused" if args.fused_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.old):
+            which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load

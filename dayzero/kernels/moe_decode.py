@@ -89,11 +89,7 @@ class DecodeConfig:
     straight from topk_ids (written by the router, before prep), so the gate/up GEMM knows its weights
     before prep has finished. early1 / early2 (stages 0 only): the hand prefetch's first two weight tiles
     are loaded before the GEMM waits for the launch before it (PDL; see _moe_decode_kernel), so they
-    stream in while that launch finishes. early1 needs pair_order.
-
-    fused (pair order): both GEMMs in one persistent launch of fused_per_sm programs per SM
-    (decode_layer_fused): a down tile starts as soon as its pair's h is complete, requesting its first two
-    weight tiles before it waits, so the gate/up GEMM's last wave and the down GEMM's first overlap."""
+    stream in while that launch finishes. early1 needs pair_order."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -108,15 +104,8 @@ class DecodeConfig:
     pair_order: bool = False
     early1: bool = False
     early2: bool = False
-    fused: bool = False
-    fused_per_sm: int = 2
 
     def __post_init__(self):
-        if self.fused and not (self.pair_order and self.stages1 >= 2 and self.stages2 != 1
-                               and self.num_warps1 == self.num_warps2 and self.split_k1 == self.split_k2 == 1):
-            raise ValueError("DecodeConfig: fused (both GEMMs in one persistent launch) needs pair_order, a pipelined "
-                             "gate/up GEMM (stages1 >= 2), a down GEMM with stages2 0 or >= 2, the same "
-                             f"warps and no split; got {self}")
         if self.pair_order and self.block_m != 1:
             raise ValueError(f"DecodeConfig: pair_order needs block_m 1, got {self.block_m}")
         if self.early1 and not self.pair_order:
@@ -270,13 +259,13 @@ def _last_run_start(f1, l1, s1, f2, l2, s2):
 def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, S, E, max_blocks,
                  max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  BS: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr,
-                 PDL: tl.constexpr, PAIR_ORDER: tl.constexpr = False, work_ptr=None, WORK: tl.constexpr = False):
+                 PDL: tl.constexpr, PAIR_ORDER: tl.constexpr = False):
     """Program 0: the dispatch of S <= BS pairs (moe_dispatch's layout, pairs of an expert in pair
     order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. The pairs are sorted by
     (expert, pair); a pair's rank within its expert is its distance from the start of its expert's run
     (a segmented scan), a pair of rank divisible by BLOCK_M opens a block, and a pair's block is the
     number of opening pairs up to it, minus one. PAIR_ORDER (BLOCK_M 1): block s is pair s, row s its
-    row (S blocks and rows); WORK: also zero work_ptr[0 .. S] (decode_layer_fused's counters)."""
+    row (S blocks and rows)."""
     pdl.start(PDL)
     pid = tl.program_id(0)
     if pid > 0:
@@ -293,9 +282,6 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
         tl.store(block_expert_ptr + s, tl.where(valid, ids.to(tl.int32), E), mask=s < S)
         tl.store(row_pair_ptr + s, tl.where(valid, s, S), mask=s < S)
         tl.store(pair_row_ptr + s, tl.where(valid, s, -1), mask=s < S)
-        if WORK:
-            tl.store(work_ptr + 1 + s, tl.zeros([BS], tl.int32), mask=s < S)
-            tl.store(work_ptr, 0)
     else:
         s = tl.arange(0, BS)
         ids = tl.load(ids_ptr + s, mask=s < S, other=-1).to(tl.int32)
@@ -326,13 +312,11 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
 PREP_MAX_PAIRS = 512
 
 
-def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int, pair_order: bool = False,
-         work: torch.Tensor | None = None):
+def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int, pair_order: bool = False):
     """(Dispatch, xq, xs) in one launch for at most PREP_MAX_PAIRS pairs: moe_dispatch.dispatch's
     block_expert/row_pair/pair_row (pairs of an expert in pair order; counts and expert_block are not
     computed: None) and quantize_rows(x). pair_order (block_m 1): unsorted, block = row = pair (ids
-    outside [0, E) give an empty block), S blocks. work (pair_order): int32 [1 + S], zeroed (the counters of
-    decode_layer_fused)."""
+    outside [0, E) give an empty block), S blocks."""
     from dayzero.kernels.moe_dispatch import Dispatch, dispatch_sizes
 
     T, H = x.shape
@@ -342,9 +326,6 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
         raise ValueError(f"prep: at most {PREP_MAX_PAIRS} pairs and a power-of-two block_m, got {S}, {block_m}")
     if pair_order and block_m != 1:
         raise ValueError(f"prep: pair_order needs block_m 1, got {block_m}")
-    if work is not None and (not pair_order or work.shape != (1 + S,) or work.dtype != torch.int32):
-        raise ValueError(f"prep: work must be int32 [{1 + S}] with pair_order, got {work.dtype} "
-                         f"{tuple(work.shape)} (pair_order {pair_order})")
     max_blocks, max_rows = (S, S) if pair_order else dispatch_sizes(S, num_experts, block_m)
     dev = x.device
     block_expert = torch.empty(max(max_blocks, 1), dtype=torch.int32, device=dev)
@@ -358,8 +339,7 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
                                 max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs,
                                 BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024),
-                                PAIR_ORDER=pair_order, work_ptr=work, WORK=work is not None, num_warps=8,
-                                **pdl.launch_options(dev))
+                                PAIR_ORDER=pair_order, num_warps=8, **pdl.launch_options(dev))
     d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],
                  pair_row[:S])
     return d, xq, xs
@@ -550,147 +530,6 @@ def _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT: tl.cons
     return rw0, rw1, rw2, rw3
 
 
-@triton.jit
-def _wait_ready(ptr, need):
-    """Spin until the int32 at ptr reaches need (acquire: the stores counted before it are visible), then
-    let the whole CTA go on."""
-    count = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    while count < need:
-        count = tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton.jit
-def _decode_tile(
-    mb, nt, ks_id, xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, row_pair_ptr, block_expert_ptr,
-    router_weight_ptr, S, E, stride_be, stride_part, alpha, limit, ready_ptr, ready_need,
-    K: tl.constexpr, NW: tl.constexpr, OUT_N: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
-    ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
-    K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_ASM: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr, PAIR_ORDER: tl.constexpr,
-    EARLY: tl.constexpr, NORMAL_SCALES: tl.constexpr, READY_WAIT: tl.constexpr, READY_SIGNAL: tl.constexpr,
-):
-    """Outputs nt*BLOCK_N.. of dispatch block mb (K chunk ks_id): the body of _moe_decode_kernel, which
-    documents the arguments; also one work item of _moe_decode_fused_kernel. EARLY: PDL's wait comes after
-    the first two weight tiles are requested (the caller waits itself otherwise); READY_WAIT (with EARLY):
-    then also wait until ready_ptr[mb] reaches ready_need (the gate/up tiles of the block's h, counted by
-    READY_SIGNAL tiles after their stores)."""
-    PARTIAL: tl.constexpr = K_CHUNK > 0
-    if PARTIAL:  # steps past K in the last chunk read its last tile again, with activation factor 0
-        ks = ks_id
-        kbeg = ks * K_CHUNK
-        kend = tl.minimum(kbeg + K_CHUNK, K)
-        span: tl.constexpr = K_CHUNK
-    else:
-        ks: tl.constexpr = 0
-        kbeg: tl.constexpr = 0
-        kend: tl.constexpr = K
-        span: tl.constexpr = K
-    n0 = nt * BLOCK_N
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    GATED: tl.constexpr = ACTIVATION != 0
-    if PAIR_ORDER:
-        expert_id = tl.load(block_expert_ptr + mb)  # the pair's topk id, any integer dtype
-        valid = (expert_id >= 0) & (expert_id < E)
-        expert = tl.where(valid, expert_id, 0).to(tl.int32)
-        nrows = 1
-        p0 = mb
-        p1, p2, p3 = p0, p0, p0
-    else:
-        expert = tl.load(block_expert_ptr + mb)
-        valid = expert < E
-        expert = tl.where(valid, expert, 0)
-        pairs = tl.load(row_pair_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
-        nrows = tl.sum((pairs < S).to(tl.int32), axis=0)  # valid rows come first in a block
-        p0 = tl.load(row_pair_ptr + mb * BLOCK_M)
-        p1 = tl.load(row_pair_ptr + mb * BLOCK_M + 1 % BLOCK_M)
-        p2 = tl.load(row_pair_ptr + mb * BLOCK_M + 2 % BLOCK_M)
-        p3 = tl.load(row_pair_ptr + mb * BLOCK_M + 3 % BLOCK_M)
-    if valid:  # ids outside [0, E) (pair order) or padding blocks: nothing to do
-        if GATHER:  # activation row = token of the pair
-            a0 = tl.where(p0 < S, p0 // TOP_K, 0)
-            a1 = tl.where(p1 < S, p1 // TOP_K, 0)
-            a2 = tl.where(p2 < S, p2 // TOP_K, 0)
-            a3 = tl.where(p3 < S, p3 // TOP_K, 0)
-        else:  # activation row = padded row
-            a0 = mb * BLOCK_M
-            a1 = mb * BLOCK_M + 1 % BLOCK_M
-            a2 = mb * BLOCK_M + 2 % BLOCK_M
-            a3 = mb * BLOCK_M + 3 % BLOCK_M
-
-        # 0, opaque to the compiler: the byte-permute tables (zero + constant) then stay in registers
-        # instead of being re-materialized before every use
-        zero = E >> 31
-        w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
-        s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
-        KB: tl.constexpr = BLOCK_K // 32
-        WITH_BIAS: tl.constexpr = HAS_BIAS and not (GATED and PARTIAL)  # split gate/up sums get theirs later
-        acc0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, 0, KB, WITH_BIAS, PARTIAL, BLOCK_N)
-        acc1, acc2, acc3 = acc0, acc0, acc0
-        up0 = acc0
-        if GATED:
-            up0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, OUT_N, KB, WITH_BIAS, PARTIAL, BLOCK_N)
-        up1, up2, up3 = up0, up0, up0
-        if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
-            tl.static_assert(not EARLY, "EARLY needs the hand prefetch (STAGES 0)")
-            rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
-            if READY_WAIT:
-                _wait_ready(ready_ptr + mb, ready_need)
-            for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
-                k0 = kbeg + step
-                x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
-                gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
-                acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
-                                                     BLOCK_M, USE_ASM, NORMAL_SCALES)
-                if GATED:
-                    uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
-                    up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
-                                                     BLOCK_M, USE_ASM, NORMAL_SCALES)
-        else:
-            # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
-            g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
-            g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-            if GATED:
-                u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K)
-                u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-            if EARLY:  # the two tiles are on their way: now wait for the launch before (or the gate/up tiles)
-                pdl.start(PDL)
-                if READY_WAIT:
-                    _wait_ready(ready_ptr + mb, ready_need)
-            rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
-            for step in range(0, span, BLOCK_K):
-                k0 = kbeg + step
-                x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
-                gw, gs = g0w, g0s
-                g0w, g0s = g1w, g1s
-                g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-                acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
-                                                     USE_ASM, NORMAL_SCALES)
-                if GATED:
-                    uw, us = u0w, u0s
-                    u0w, u0s = u1w, u1s
-                    u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
-                    up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
-                                                     USE_ASM, NORMAL_SCALES)
-
-        _row_out(acc0, up0, 0, mb, ks, stride_part, rw0, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
-                 ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
-        if BLOCK_M > 1:
-            if nrows > 1:
-                _row_out(acc1, up1, 1, mb, ks, stride_part, rw1, out_ptr, out_s_ptr, offs_n, n0, alpha,
-                         limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
-        if BLOCK_M > 2:
-            if nrows > 2:
-                _row_out(acc2, up2, 2, mb, ks, stride_part, rw2, out_ptr, out_s_ptr, offs_n, n0, alpha,
-                         limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
-            if nrows > 3:
-                _row_out(acc3, up3, 3, mb, ks, stride_part, rw3, out_ptr, out_s_ptr, offs_n, n0, alpha,
-                         limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
-        if READY_SIGNAL:  # this tile of the block's h is stored: count it (the CTA's stores first)
-            tl.debug_barrier()
-            tl.atomic_add(ready_ptr + mb, 1, sem="release", scope="gpu")
-
-
 @triton.jit(do_not_specialize=["S", "E", "stride_be", "stride_part"])
 def _moe_decode_kernel(
     xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr,
@@ -714,91 +553,114 @@ def _moe_decode_kernel(
     NORMAL_SCALES: every E8M0 byte of w lies in 1..254 (_e8m0_factor; the caller's promise)."""
     if not EARLY:
         pdl.start(PDL)
-    _decode_tile(tl.program_id(0), tl.program_id(1), tl.program_id(2), xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
-                 out_s_ptr, row_pair_ptr, block_expert_ptr, router_weight_ptr, S, E, stride_be, stride_part, alpha,
-                 limit, 0, 0, K, NW, OUT_N, GATHER, TOP_K, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, K_CHUNK,
-                 BLOCK_M, BLOCK_N, BLOCK_K, USE_ASM, STAGES, PDL, PAIR_ORDER, EARLY, NORMAL_SCALES, False, False)
+    PARTIAL: tl.constexpr = K_CHUNK > 0
+    if PARTIAL:  # steps past K in the last chunk read its last tile again, with activation factor 0
+        ks = tl.program_id(2)
+        kbeg = ks * K_CHUNK
+        kend = tl.minimum(kbeg + K_CHUNK, K)
+        span: tl.constexpr = K_CHUNK
+    else:
+        ks: tl.constexpr = 0
+        kbeg: tl.constexpr = 0
+        kend: tl.constexpr = K
+        span: tl.constexpr = K
+    mb = tl.program_id(0)
+    n0 = tl.program_id(1) * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    GATED: tl.constexpr = ACTIVATION != 0
+    if PAIR_ORDER:
+        expert_id = tl.load(block_expert_ptr + mb)  # the pair's topk id, any integer dtype
+        if (expert_id < 0) | (expert_id >= E):
+            return
+        expert = expert_id.to(tl.int32)
+        nrows = 1
+        p0 = mb
+        p1, p2, p3 = p0, p0, p0
+    else:
+        expert = tl.load(block_expert_ptr + mb)
+        if expert >= E:
+            return
+        pairs = tl.load(row_pair_ptr + mb * BLOCK_M + tl.arange(0, BLOCK_M))
+        nrows = tl.sum((pairs < S).to(tl.int32), axis=0)  # valid rows come first in a block
+        p0 = tl.load(row_pair_ptr + mb * BLOCK_M)
+        p1 = tl.load(row_pair_ptr + mb * BLOCK_M + 1 % BLOCK_M)
+        p2 = tl.load(row_pair_ptr + mb * BLOCK_M + 2 % BLOCK_M)
+        p3 = tl.load(row_pair_ptr + mb * BLOCK_M + 3 % BLOCK_M)
+    if GATHER:  # activation row = token of the pair
+        a0 = tl.where(p0 < S, p0 // TOP_K, 0)
+        a1 = tl.where(p1 < S, p1 // TOP_K, 0)
+        a2 = tl.where(p2 < S, p2 // TOP_K, 0)
+        a3 = tl.where(p3 < S, p3 // TOP_K, 0)
+    else:  # activation row = padded row
+        a0 = mb * BLOCK_M
+        a1 = mb * BLOCK_M + 1 % BLOCK_M
+        a2 = mb * BLOCK_M + 2 % BLOCK_M
+        a3 = mb * BLOCK_M + 3 % BLOCK_M
 
+    # 0, opaque to the compiler: the byte-permute tables (zero + constant) then stay in registers
+    # instead of being re-materialized before every use
+    zero = E >> 31
+    w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
+    s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
+    KB: tl.constexpr = BLOCK_K // 32
+    WITH_BIAS: tl.constexpr = HAS_BIAS and not (GATED and PARTIAL)  # split gate/up sums get theirs later
+    acc0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, 0, KB, WITH_BIAS, PARTIAL, BLOCK_N)
+    acc1, acc2, acc3 = acc0, acc0, acc0
+    up0 = acc0
+    if GATED:
+        up0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, OUT_N, KB, WITH_BIAS, PARTIAL, BLOCK_N)
+    up1, up2, up3 = up0, up0, up0
+    if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
+        tl.static_assert(not EARLY, "EARLY needs the hand prefetch (STAGES 0)")
+        rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
+        for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
+            k0 = kbeg + step
+            x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
+            gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
+            acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
+                                                 BLOCK_M, USE_ASM, NORMAL_SCALES)
+            if GATED:
+                uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
+                up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
+                                                 BLOCK_M, USE_ASM, NORMAL_SCALES)
+    else:
+        # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
+        g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
+        g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+        if GATED:
+            u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K)
+            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+        if EARLY:  # the two tiles are on their way: now wait for the launch before
+            pdl.start(PDL)
+        rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
+        for step in range(0, span, BLOCK_K):
+            k0 = kbeg + step
+            x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
+            gw, gs = g0w, g0s
+            g0w, g0s = g1w, g1s
+            g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+            acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
+                                                 USE_ASM, NORMAL_SCALES)
+            if GATED:
+                uw, us = u0w, u0s
+                u0w, u0s = u1w, u1s
+                u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
+                up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
+                                                 USE_ASM, NORMAL_SCALES)
 
-@triton.jit(do_not_specialize=["S", "E", "stride_b13", "stride_b2", "n_items1", "n_items"])
-def _moe_decode_fused_kernel(
-    xq_ptr, xs_ptr, w13_ptr, s13_ptr, b13_ptr, w2_ptr, s2_ptr, b2_ptr, hq_ptr, hs_ptr, y_ptr, topk_ids_ptr,
-    router_weight_ptr, work_ptr, S, E, stride_b13, stride_b2, n_items1, n_items, alpha, limit,
-    H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr,
-    HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr, BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, STAGES1: tl.constexpr,
-    BLOCK_N2: tl.constexpr, BLOCK_K2: tl.constexpr, STAGES2: tl.constexpr, USE_ASM: tl.constexpr, PDL: tl.constexpr,
-    NORMAL_SCALES: tl.constexpr,
-):
-    """Both GEMMs of a pair-order decode layer in one persistent launch. Work items: the gate/up tiles
-    (pair b, columns t*BLOCK_N1..; item b * I/BLOCK_N1 + t), then the down tiles (pair b, outputs
-    t*BLOCK_N2..), handed out in that order by an atomic counter (work_ptr[0]); each program takes its next
-    item before it starts on the current one. A gate/up tile counts itself in work_ptr[1 + b] once its part
-    of h is stored; a down tile requests its first two weight tiles, then waits until the count of its pair
-    reaches I/BLOCK_N1. No deadlock whatever the residency: a down tile only waits for gate/up tiles handed
-    out before it, whose programs run (a gate/up tile waits for nothing). prep zeroes work_ptr."""
-    pdl.start(PDL)
-    NT1: tl.constexpr = I // BLOCK_N1
-    NT2: tl.constexpr = H // BLOCK_N2
-    item = tl.atomic_add(work_ptr, 1)
-    while item < n_items:
-        following = tl.atomic_add(work_ptr, 1)
-        if item < n_items1:
-            _decode_tile(item // NT1, item % NT1, 0, xq_ptr, xs_ptr, w13_ptr, s13_ptr, b13_ptr, hq_ptr, hs_ptr,
-                         topk_ids_ptr, topk_ids_ptr, router_weight_ptr, S, E, stride_b13, 0, alpha, limit, work_ptr + 1,
-                         0, H, 2 * I, I, True, TOP_K, ACTIVATION, HAS_LIMIT, HAS_BIAS1, False, 0, 1, BLOCK_N1,
-                         BLOCK_K1, USE_ASM, STAGES1, False, True, False, NORMAL_SCALES, False, True)
-        else:
-            down = item - n_items1
-            _decode_tile(down // NT2, down % NT2, 0, hq_ptr, hs_ptr, w2_ptr, s2_ptr, b2_ptr, y_ptr, hs_ptr,
-                         topk_ids_ptr, topk_ids_ptr, router_weight_ptr, S, E, stride_b2, 0, alpha, limit, work_ptr + 1,
-                         NT1, I, H, H, False, TOP_K, 0, False, HAS_BIAS2, True, 0, 1, BLOCK_N2, BLOCK_K2, USE_ASM,
-                         STAGES2, False, True, STAGES2 == 0, NORMAL_SCALES, True, False)
-        item = following
-
-
-def fused_programs(device: torch.device, per_sm: int) -> int:
-    """Programs of the fused decode launch: per_sm per multiprocessor (1 under the interpreter, which runs
-    programs one after the other: the first does every item)."""
-    if interpreting() or device.type != "cuda":
-        return 1
-    return per_sm * torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def decode_layer_fused(xq, xs, w13, s13, b13, w2, s2, b2, topk_ids, router_weights, work, *, inter: int,
-                       activation: int, alpha: float, limit: float | None, block_n1: int, block_k1: int,
-                       stages1: int, block_n2: int, block_k2: int, stages2: int, num_warps: int, programs_per_sm: int,
-                       normal_scales: bool = False) -> torch.Tensor:
-    """Both GEMMs of a decode layer in pair order (block b = pair b, expert topk_ids[b]) as one persistent
-    launch (_moe_decode_fused_kernel): y bf16 [S, H], pair b's row times its router weight (rows of
-    pairs whose id is outside [0, E) unwritten), for moe_dispatch.combine. work: int32 [1 + S], zero
-    (prep(pair_order=True, work=...) zeroes it). The tiles as decode_gemm's (gate/up pipelined with
-    stages1 >= 2, down on the hand prefetch, its first tiles requested before it waits for its h)."""
-    E, NW1, words = w13.shape
-    H = words * 8
-    S = topk_ids.numel()
-    if stages1 < 2 or inter % block_n1 or block_n1 % 32 or H % block_n2 or work.shape != (1 + S,):
-        raise ValueError(f"decode_layer_fused: stages1 {stages1} (>= 2), block_n1 {block_n1} (a multiple of 32 "
-                         f"dividing {inter}), block_n2 {block_n2} (dividing {H}), work {tuple(work.shape)} "
-                         f"(must be ({1 + S},))")
-    dev = xq.device
-    hq = torch.empty(S, 4, inter // 8, dtype=torch.int32, device=dev)
-    hs = torch.empty(S, 2, inter // 32, dtype=torch.float32, device=dev)
-    y = torch.empty(S, H, dtype=torch.bfloat16, device=dev)
-    if S == 0:
-        return y
-    n1 = S * (inter // block_n1)
-    n_items = n1 + S * (H // block_n2)
-    _moe_decode_fused_kernel[(min(n_items, fused_programs(dev, programs_per_sm)),)](
-        xq, xs, w13, s13, b13 if b13 is not None else hs, w2, s2, b2 if b2 is not None else hs, hq, hs, y,
-        topk_ids.view(-1), router_weights, work, S, E, b13.stride(0) if b13 is not None else 0,
-        b2.stride(0) if b2 is not None else 0, n1, n_items,
-        float(alpha), float(limit) if limit is not None else 0.0,
-        H=H, I=inter, TOP_K=topk_ids.shape[-1] if topk_ids.dim() == 2 else 1, ACTIVATION=activation,
-        HAS_LIMIT=limit is not None, HAS_BIAS1=b13 is not None, HAS_BIAS2=b2 is not None, BLOCK_N1=block_n1,
-        BLOCK_K1=min(block_k1, 1 << (H.bit_length() - 1)), STAGES1=stages1, BLOCK_N2=block_n2,
-        BLOCK_K2=min(block_k2, 1 << (inter.bit_length() - 1)), STAGES2=stages2, USE_ASM=not interpreting(),
-        NORMAL_SCALES=normal_scales, num_warps=num_warps, num_stages=1, **pdl.launch_options(dev))
-    return y
+    _row_out(acc0, up0, 0, mb, ks, stride_part, rw0, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
+             ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
+    if BLOCK_M > 1:
+        if nrows > 1:
+            _row_out(acc1, up1, 1, mb, ks, stride_part, rw1, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
+    if BLOCK_M > 2:
+        if nrows > 2:
+            _row_out(acc2, up2, 2, mb, ks, stride_part, rw2, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
+        if nrows > 3:
+            _row_out(acc3, up3, 3, mb, ks, stride_part, rw3, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
 
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
@@ -964,17 +826,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
                              f"{topk_ids.numel()}")
         topk_ids = topk_ids.contiguous()  # the tensor prep reads too: written before prep
         pair_ids = topk_ids.view(-1)
-        work = torch.empty(1 + pair_ids.numel(), dtype=torch.int32, device=x.device) if config.fused else None
-        d, xq, xs = prep(x, topk_ids, E, 1, pair_order=True, work=work)
-        if config.fused:
-            act, alpha = kernel_activation(activation)
-            y = decode_layer_fused(xq, xs, w13, s13, b13, w2, s2, b2, topk_ids, topk_weights.contiguous().view(-1),
-                                   work, inter=inter, activation=act, alpha=alpha, limit=activation.limit,
-                                   block_n1=config.block_n1, block_k1=config.block_k1, stages1=config.stages1,
-                                   block_n2=config.block_n2, block_k2=config.block_k2, stages2=config.stages2,
-                                   num_warps=config.num_warps1,
-                                   programs_per_sm=config.fused_per_sm, normal_scales=normal_scales)
-            return combine(y, d, T, x.dtype)
+        d, xq, xs = prep(x, topk_ids, E, 1, pair_order=True)
     elif topk_ids.numel() <= PREP_MAX_PAIRS:
         d, xq, xs = prep(x, topk_ids, E, config.block_m)
     else:
