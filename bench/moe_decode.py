@@ -431,59 +431,6 @@ def parts_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph
               f"{us['layer']:.1f} us", flush=True)
 
 
-def _padded_rows(t: torch.Tensor, align: int) -> torch.Tensor:
-    """A view of the 3-d tensor t [E, N, B] whose rows lie `align` bytes apart (B rounded up), zeros between."""
-    E, N, B = t.shape
-    row = -(-B * t.element_size() // align) * align // t.element_size()
-    out = torch.zeros(E, N, row, dtype=t.dtype, device=t.device)
-    out[:, :, :B] = t
-    return out[:, :, :B]
-
-
-def pad_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph: int = 1, tokens=TOKENS) -> None:
-    """The default decode layer on the weights as loaded (rows of K/2 bytes, scale rows of K/32) against
-    copies whose weight rows (and scale rows) start at 64- or 128-byte (16-byte) boundaries, the padding
-    never read: whether rows that straddle cache lines (gpt-oss-120b: 1440-byte rows) cost bandwidth."""
-    from dayzero.kernels import moe_decode as md
-    from dayzero.kernels.moe_mxfp4 import scale_facts
-
-    E, k, H, I, act, bias = MODELS[name]
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    base = random_experts(E, H, I, bias, gen)
-    sets = mxfp4_copies(base, copies)
-    normal = scale_facts(base, base.w13_scale, base.w2_scale)[1]
-    mx = lambda n, kk: n * kk * 17 // 32  # noqa: E731
-    layouts = {"default": (0, 0), "rows 64 B": (64, 16), "rows 128 B": (128, 16), "scale rows 16 B": (0, 16)}
-    weights = {}
-    for label, (wa, sa) in layouts.items():
-        weights[label] = []
-        for e in sets:
-            w13, s13, w2, s2 = words(e)
-            if wa:
-                w13, w2 = (_padded_rows(w.view(torch.uint8), wa).view(torch.int32) for w in (w13, w2))
-            if sa:
-                s13, s2 = _padded_rows(s13, sa), _padded_rows(s2, sa)
-            weights[label].append((w13, s13, w2, s2, e.b13, e.b2))
-    for T in tokens:
-        x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
-        ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
-        rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
-        nbytes = int(torch.unique(ids).numel()) * (mx(2 * I, H) + mx(H, I))
-        cfg = md.choose_decode_config(T, T * k, E, H, I)
-        fns = {label: (lambda s, label=label: md.moe_layer_decode(x, ids, rw, *weights[label][s], act, inter=I,
-                                                                   config=cfg, normal_scales=normal))
-               for label in layouts}
-        ref = _experts_reference(x.float(), ids, rw, base, act)
-        errs = {label: rel_err(fn(0), ref) for label, fn in fns.items()}
-        us = interleaved_us(fns, copies, reps, per_graph)
-        for label, t in us.items():
-            pct = 100 * nbytes / (t * 1e-6) / bw
-            rows.append({"model": name, "tokens": T, "gemm": "layer", "label": label, "config": repr(cfg), "us": t,
-                         "bw_pct": pct, "err": errs[label], "per_graph": per_graph})
-            print(f"{name:>13} T={T:>3} x{per_graph} layer {label:>16}: {t:8.1f} us {pct:5.1f}% copy BW "
-                  f"(default / this {us['default'] / t:.2f}) err {errs[label]:.1e}", flush=True)
-
-
 def layer_rows(name, T, layers, x, ids, rw, sets, act, copies, reps, bw, nbytes, distinct, rows) -> None:
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -569,8 +516,6 @@ def main() -> None:
                     help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
-    ap.add_argument("--pad-ab", action="store_true",
-                    help="only the default layer against weight rows padded to 64- / 128-byte boundaries")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -599,10 +544,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s (read+write)", flush=True)
     rows: list[dict] = []
     for name in args.models:
-        if args.pad_ab:
-            for per_graph in args.per_graph:
-                pad_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
-        elif args.parts_ab:
+        if args.parts_ab:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab

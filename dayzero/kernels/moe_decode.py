@@ -355,21 +355,20 @@ def _tile_start(k0, kend, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                W_ROW: tl.constexpr, S_ROW: tl.constexpr):
+def _load_words(w_base, s_base, n0, k0, kend, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """int32 words [BLOCK_N, BLOCK_K/32, 4] and E8M0 bytes [BLOCK_N, BLOCK_K/32] of rows n0.. for the
-    K tile of step k0 (see _tile_start); W_ROW / S_ROW: words / bytes from one weight row to the next."""
+    K tile of step k0 (see _tile_start)."""
     KB: tl.constexpr = BLOCK_K // 32
     start = _tile_start(k0, kend, BLOCK_K)
     word = start // 8 + tl.arange(0, BLOCK_K // 8)
     offs_n = n0 + tl.arange(0, BLOCK_N)
-    words = tl.load(w_base + offs_n[:, None] * W_ROW + word[None, :])  # 2-d: a warp reads whole rows
+    words = tl.load(w_base + offs_n[:, None] * (K // 8) + word[None, :])  # 2-d: a warp reads whole rows
     # The scale bytes as a flat [BLOCK_N * KB] load, one byte per thread in row-major order, which is
     # how the words' layout holds the 32-value blocks; the select hides the contiguity of kb from the
     # compiler, which would otherwise vectorize the bytes into another layout.
     i = tl.arange(0, BLOCK_N * KB)
     kb = tl.where(i < 0, 0, i % KB)
-    scale = tl.load(s_base + (n0 + i // KB) * S_ROW + start // 32 + kb)
+    scale = tl.load(s_base + (n0 + i // KB) * (K // 32) + start // 32 + kb)
     return tl.reshape(words, [BLOCK_N, KB, 4]), tl.reshape(scale, [BLOCK_N, KB])
 
 
@@ -539,8 +538,7 @@ def _moe_decode_kernel(
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False,
-    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False, W_ROW: tl.constexpr = 0,
-    S_ROW: tl.constexpr = 0,
+    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
@@ -602,10 +600,8 @@ def _moe_decode_kernel(
     # 0, opaque to the compiler: the byte-permute tables (zero + constant) then stay in registers
     # instead of being re-materialized before every use
     zero = E >> 31
-    WR: tl.constexpr = W_ROW if W_ROW else K // 8  # row strides (padded rows: decode_gemm)
-    SR: tl.constexpr = S_ROW if S_ROW else K // 32
-    w_base = w_ptr + expert.to(tl.int64) * (NW * WR)
-    s_base = s_ptr + expert.to(tl.int64) * (NW * SR)
+    w_base = w_ptr + expert.to(tl.int64) * (NW * (K // 8))
+    s_base = s_ptr + expert.to(tl.int64) * (NW * (K // 32))
     KB: tl.constexpr = BLOCK_K // 32
     WITH_BIAS: tl.constexpr = HAS_BIAS and not (GATED and PARTIAL)  # split gate/up sums get theirs later
     acc0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, 0, KB, WITH_BIAS, PARTIAL, BLOCK_N)
@@ -620,20 +616,20 @@ def _moe_decode_kernel(
         for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
             k0 = kbeg + step
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
-            gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K, WR, SR)
+            gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
             acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows,
                                                  BLOCK_M, USE_ASM, NORMAL_SCALES)
             if GATED:
-                uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K, WR, SR)
+                uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
                                                  BLOCK_M, USE_ASM, NORMAL_SCALES)
     else:
         # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
-        g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K, WR, SR)
-        g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K, WR, SR)
+        g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
+        g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
         if GATED:
-            u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K, WR, SR)
-            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K, WR, SR)
+            u0w, u0s = _load_words(w_base, s_base, n0 + OUT_N, kbeg, kend, K, BLOCK_N, BLOCK_K)
+            u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
         if EARLY:  # the two tiles are on their way: now wait for the launch before
             pdl.start(PDL)
         rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
@@ -642,13 +638,13 @@ def _moe_decode_kernel(
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
             gw, gs = g0w, g0s
             g0w, g0s = g1w, g1s
-            g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K, WR, SR)
+            g1w, g1s = _load_words(w_base, s_base, n0, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
             acc0, acc1, acc2, acc3 = _accumulate(gw, gs, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrows, BLOCK_M,
                                                  USE_ASM, NORMAL_SCALES)
             if GATED:
                 uw, us = u0w, u0s
                 u0w, u0s = u1w, u1s
-                u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K, WR, SR)
+                u1w, u1s = _load_words(w_base, s_base, n0 + OUT_N, k0 + 2 * BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
                                                  USE_ASM, NORMAL_SCALES)
 
@@ -690,10 +686,6 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     scale byte instead of five (moe_mxfp4.scale_facts checks it once per layer)."""
     E, NW, words = w.shape
     K = words * 8
-    if (w.stride(2), w.stride(0)) != (1, NW * w.stride(1)) or (scale.stride(2), scale.stride(0)) != (
-            1, NW * scale.stride(1)):
-        raise ValueError(f"decode_gemm: w and scale must be rows of a contiguous tensor (padded rows allowed), got "
-                         f"strides {w.stride()} and {scale.stride()}")
     if d.block_m not in (1, 2, 4):
         raise ValueError(f"decode_gemm: dispatch block_m must be 1, 2 or 4, got {d.block_m}")
     if out_features % block_n or block_k % 32 or (activation and block_n % 32):
@@ -736,7 +728,6 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
         STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, NORMAL_SCALES=normal_scales,
-        W_ROW=w.stride(1) if w.stride(1) != words else 0, S_ROW=scale.stride(1) if scale.stride(1) != K // 32 else 0,
         num_warps=num_warps, num_stages=1,
         **pdl.launch_options(dev),
     )
