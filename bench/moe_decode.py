@@ -300,18 +300,7 @@ def tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-def prefetch_variants(T: int, cfg) -> dict:
-    """The default decode layer against prep asking L2 for the first bytes of every gate/up weight row
-    (DecodeConfig.prep_prefetch: the gate/up GEMM's first tiles) while it dispatches and quantizes."""
-    import dataclasses
-
-    out = {"default": cfg}
-    for n in (256, 512, 1024):
-        out[f"prep prefetch {n} B/row"] = dataclasses.replace(cfg, prep_prefetch=n)
-    return out
-
-
-VARIANT_SETS = {"prefetch": prefetch_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -527,8 +516,6 @@ def main() -> None:
                     help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
-    ap.add_argument("--prefetch-ab", action="store_true",
-                    help="only the default layer against prep prefetching the gate/up GEMM's first tiles into L2")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -561,8 +548,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.prefetch_ab or args.old):
-            which = ("prefetch" if args.prefetch_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.old):
+            which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load

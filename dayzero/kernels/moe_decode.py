@@ -89,11 +89,7 @@ class DecodeConfig:
     straight from topk_ids (written by the router, before prep), so the gate/up GEMM knows its weights
     before prep has finished. early1 / early2 (stages 0 only): the hand prefetch's first two weight tiles
     are loaded before the GEMM waits for the launch before it (PDL; see _moe_decode_kernel), so they
-    stream in while that launch finishes. early1 needs pair_order.
-
-    prep_prefetch (bytes, a multiple of 16): prep also asks L2 for that many bytes at the start of every
-    gate/up weight row of each pair's expert (the first tiles the gate/up GEMM reads), while it dispatches
-    and quantizes (see prep)."""
+    stream in while that launch finishes. early1 needs pair_order."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -108,7 +104,6 @@ class DecodeConfig:
     pair_order: bool = False
     early1: bool = False
     early2: bool = False
-    prep_prefetch: int = 0
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -252,33 +247,6 @@ def dequantize_rows(xq: torch.Tensor, xs: torch.Tensor) -> torch.Tensor:
     return q.float() * (2 * xs[:, 0]).repeat_interleave(32, dim=1)
 
 
-# Where $2 is not 0, ask L2 for the 128-byte line holding global address $1 (a hint: nothing waits for it).
-_PREFETCH_L2_ASM = tl.constexpr("""{
-.reg .pred p;
-setp.ne.s32 p, $2, 0;
-@p prefetch.global.L2 [$1];
-mov.u32 $0, 0;
-}""")
-
-
-@triton.jit
-def _prefetch_rows(ids_ptr, w_ptr, S, E, j, NW: tl.constexpr, ROW_BYTES: tl.constexpr, BYTES: tl.constexpr,
-                   ROWS: tl.constexpr, USE_ASM: tl.constexpr):
-    """Rows j*ROWS.. of the (pair, weight row) space [S, NW] of the gate/up weights (w_ptr, E experts of NW
-    rows of ROW_BYTES): ask L2 for the lines of the first BYTES of each row of the pair's expert (nothing
-    under the interpreter)."""
-    r = j * ROWS + tl.arange(0, ROWS)
-    pair = r // NW
-    e = tl.load(ids_ptr + pair, mask=r < S * NW, other=-1)
-    ok = (r < S * NW) & (e >= 0) & (e < E)
-    row = w_ptr.to(tl.pointer_type(tl.uint8)) + (tl.where(ok, e, 0).to(tl.int64) * NW + r % NW) * ROW_BYTES
-    if USE_ASM:
-        for i in tl.static_range(0, BYTES // 128 + 1):  # rows need not start on a line: one more line
-            at = tl.minimum(i * 128, BYTES - 1)
-            tl.inline_asm_elementwise(_PREFETCH_L2_ASM, "=r,l,r", [row + at, ok.to(tl.int32)], dtype=tl.int32,
-                                      is_pure=False, pack=1)
-
-
 @triton.jit
 def _last_run_start(f1, l1, s1, f2, l2, s2):
     """associative_scan's combine over two adjacent spans of a sorted sequence, each (first value, last
@@ -289,24 +257,18 @@ def _last_run_start(f1, l1, s1, f2, l2, s2):
 
 @triton.jit
 def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr, pair_row_ptr, S, E, max_blocks,
-                 max_rows, n_quant, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
+                 max_rows, K: tl.constexpr, QBLOCK: tl.constexpr, NQ: tl.constexpr, BLOCK_M: tl.constexpr,
                  BS: tl.constexpr, BR: tl.constexpr, NR: tl.constexpr, NB: tl.constexpr,
-                 PDL: tl.constexpr, PAIR_ORDER: tl.constexpr = False, w13_ptr=None, NW1: tl.constexpr = 0,
-                 PF_BYTES: tl.constexpr = 0, PF_ROWS: tl.constexpr = 1024, USE_ASM: tl.constexpr = False):
+                 PDL: tl.constexpr, PAIR_ORDER: tl.constexpr = False):
     """Program 0: the dispatch of S <= BS pairs (moe_dispatch's layout, pairs of an expert in pair
     order, no atomics); programs 1..: quantize x, QBLOCK columns of one row each. The pairs are sorted by
     (expert, pair); a pair's rank within its expert is its distance from the start of its expert's run
     (a segmented scan), a pair of rank divisible by BLOCK_M opens a block, and a pair's block is the
     number of opening pairs up to it, minus one. PAIR_ORDER (BLOCK_M 1): block s is pair s, row s its
-    row (S blocks and rows). PF_BYTES > 0: programs past the quantizing ones ask L2 for the first PF_BYTES
-    of every gate/up weight row (w13_ptr, NW1 rows of K/2 bytes per expert) of every pair's expert, which
-    the gate/up GEMM reads first (_prefetch_rows)."""
+    row (S blocks and rows)."""
     pdl.start(PDL)
     pid = tl.program_id(0)
-    if pid > n_quant:
-        if PF_BYTES > 0:
-            _prefetch_rows(ids_ptr, w13_ptr, S, E, pid - 1 - n_quant, NW1, K // 2, PF_BYTES, PF_ROWS, USE_ASM)
-    elif pid > 0:
+    if pid > 0:
         row = (pid - 1) // NQ
         n0 = ((pid - 1) % NQ) * QBLOCK
         offs = n0 + tl.arange(0, QBLOCK)
@@ -350,14 +312,11 @@ def _prep_kernel(ids_ptr, x_ptr, xq_ptr, xs_ptr, block_expert_ptr, row_pair_ptr,
 PREP_MAX_PAIRS = 512
 
 
-def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int, pair_order: bool = False,
-         prefetch_w13: torch.Tensor | None = None, prefetch_bytes: int = 0):
+def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int, pair_order: bool = False):
     """(Dispatch, xq, xs) in one launch for at most PREP_MAX_PAIRS pairs: moe_dispatch.dispatch's
     block_expert/row_pair/pair_row (pairs of an expert in pair order; counts and expert_block are not
     computed: None) and quantize_rows(x). pair_order (block_m 1): unsorted, block = row = pair (ids
-    outside [0, E) give an empty block), S blocks. prefetch_bytes > 0 (sm_90): more programs ask L2 for the
-    first prefetch_bytes (a multiple of 16) of every row of each pair's gate/up weights prefetch_w13 (int32
-    words [E, NW1, K/8]), the bytes the gate/up GEMM reads first, while the dispatch and quantization run."""
+    outside [0, E) give an empty block), S blocks."""
     from dayzero.kernels.moe_dispatch import Dispatch, dispatch_sizes
 
     T, H = x.shape
@@ -377,20 +336,10 @@ def prep(x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, block_m: int
     qblock = min(1024, triton.next_power_of_2(H))
     nq = triton.cdiv(H, qblock)
     bs = max(16, triton.next_power_of_2(S))
-    pf_programs, nw1 = 0, 0
-    if prefetch_bytes:
-        nw1 = prefetch_w13.shape[1]
-        if prefetch_bytes % 16 or prefetch_bytes > H // 2 or prefetch_w13.shape[2] * 8 != H:
-            raise ValueError(f"prep: prefetch_bytes must be a multiple of 16 up to a weight row ({H // 2} bytes), "
-                             f"and prefetch_w13 [E, NW1, {H // 8}] words, got {prefetch_bytes}, "
-                             f"{tuple(prefetch_w13.shape)}")
-        pf_programs = triton.cdiv(S * nw1, 1024)
-    _prep_kernel[(1 + T * nq + pf_programs,)](
-        ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks, max_rows, T * nq, K=H,
-        QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs, BR=1024, NR=triton.cdiv(max_rows, 1024),
-        NB=triton.cdiv(max_blocks, 1024), PAIR_ORDER=pair_order,
-        w13_ptr=prefetch_w13 if prefetch_bytes else None, NW1=nw1, PF_BYTES=prefetch_bytes,
-        USE_ASM=not interpreting(), num_warps=8, **pdl.launch_options(dev))
+    _prep_kernel[(1 + T * nq,)](ids, x, xq, xs, block_expert, row_pair, pair_row, S, num_experts, max_blocks,
+                                max_rows, K=H, QBLOCK=qblock, NQ=nq, BLOCK_M=block_m, BS=bs,
+                                BR=1024, NR=triton.cdiv(max_rows, 1024), NB=triton.cdiv(max_blocks, 1024),
+                                PAIR_ORDER=pair_order, num_warps=8, **pdl.launch_options(dev))
     d = Dispatch(block_m, num_experts, topk_ids.shape[1], None, None, block_expert[:max_blocks], row_pair[:max_rows],
                  pair_row[:S])
     return d, xq, xs
@@ -877,9 +826,9 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
                              f"{topk_ids.numel()}")
         topk_ids = topk_ids.contiguous()  # the tensor prep reads too: written before prep
         pair_ids = topk_ids.view(-1)
-        d, xq, xs = prep(x, topk_ids, E, 1, pair_order=True, prefetch_w13=w13, prefetch_bytes=config.prep_prefetch)
+        d, xq, xs = prep(x, topk_ids, E, 1, pair_order=True)
     elif topk_ids.numel() <= PREP_MAX_PAIRS:
-        d, xq, xs = prep(x, topk_ids, E, config.block_m, prefetch_w13=w13, prefetch_bytes=config.prep_prefetch)
+        d, xq, xs = prep(x, topk_ids, E, config.block_m)
     else:
         d = dispatch(topk_ids, E, config.block_m)
         xq, xs = quantize_rows(x)
