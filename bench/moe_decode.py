@@ -250,12 +250,6 @@ def early_variants(T: int, cfg) -> dict:
         for bk, w in ((256, 8), (256, 4)):
             out[f"pair gate/up 32x{bk}x{w} hand early"] = r(cfg, pair_order=True, block_n1=32, block_k1=bk,
                                                             num_warps1=w, stages1=0, early1=True)
-        if cfg.stages1:  # the pipelined gate/up GEMM with its expert id and biases loaded before the PDL wait
-            out["pair gate/up ids early"] = r(cfg, pair_order=True, early1=True)
-            if cfg.stages2:
-                out["pair both ids early"] = r(cfg, pair_order=True, early1=True, early2=True)
-    if cfg.stages2:
-        out["down ids early"] = r(cfg, early2=True)
     return out
 
 

@@ -87,10 +87,9 @@ class DecodeConfig:
 
     pair_order (block_m 1 only): dispatch block b is pair b, unsorted, and each GEMM reads its expert
     straight from topk_ids (written by the router, before prep), so the gate/up GEMM knows its weights
-    before prep has finished. early1 / early2: with stages 0 the hand prefetch's first two weight tiles
+    before prep has finished. early1 / early2 (stages 0 only): the hand prefetch's first two weight tiles
     are loaded before the GEMM waits for the launch before it (PDL; see _moe_decode_kernel), so they
-    stream in while that launch finishes; with stages >= 2 only the expert id, the biases and the router
-    weights are (the pipeline's loads stay after the wait). early1 needs pair_order."""
+    stream in while that launch finishes. early1 needs pair_order."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -112,6 +111,9 @@ class DecodeConfig:
         if self.early1 and not self.pair_order:
             raise ValueError("DecodeConfig: early1 needs pair_order (the gate/up GEMM must know its experts "
                              "before prep, the launch before it, has finished)")
+        if (self.early1 and self.stages1) or (self.early2 and self.stages2):
+            raise ValueError("DecodeConfig: early1/early2 load the hand prefetch's tiles early: they need stages 0, "
+                             f"got stages {self.stages1}, {self.stages2}")
 
 
 # Eight E2M1 codes (one word) -> two words of four unsigned bytes 2 * value + 24 (12..36), two byte
@@ -544,8 +546,8 @@ def _moe_decode_kernel(
     partial sums out (see _row_out); stride_part: elements per K chunk's slice of the partial buffer.
 
     PAIR_ORDER (BLOCK_M 1): block b is pair b, block_expert_ptr the router's topk ids (ids outside
-    [0, E) skip the block). EARLY: the program loads the hand prefetch's two weight tiles (STAGES 0), or
-    only its expert id, biases and router weights (STAGES >= 2), before it waits for the launch before it. Until then it reads nothing that launch writes: only
+    [0, E) skip the block). EARLY (STAGES 0): the program loads the hand prefetch's two weight tiles
+    before it waits for the launch before it. Until then it reads nothing that launch writes: only
     weights and the dispatch's expert ids, which were written two or more launches back (topk_ids before
     prep; for the down GEMM, prep's dispatch), and those launches have completed (kernels/pdl.py).
     NORMAL_SCALES: every E8M0 byte of w lies in 1..254 (_e8m0_factor; the caller's promise)."""
@@ -609,9 +611,8 @@ def _moe_decode_kernel(
         up0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, OUT_N, KB, WITH_BIAS, PARTIAL, BLOCK_N)
     up1, up2, up3 = up0, up0, up0
     if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
+        tl.static_assert(not EARLY, "EARLY needs the hand prefetch (STAGES 0)")
         rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
-        if EARLY:  # the expert id, biases and router weights are loaded: now wait for the launch before
-            pdl.start(PDL)
         for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
             k0 = kbeg + step
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
@@ -678,8 +679,8 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     (times the router weight, the bias counted in chunk 0: combine_partials sums them).
 
     pair_ids: the flat topk ids of a pair-order dispatch (prep(pair_order=True)): block b is pair b and
-    its expert pair_ids[b]. early: each program loads its first two weight tiles (stages 0), or only its
-    expert id, biases and router weights (stages >= 2), before it waits for the launch before it (see _moe_decode_kernel); the caller guarantees that the expert ids
+    its expert pair_ids[b]. early (stages 0): each program loads its first two weight tiles before it
+    waits for the launch before it (see _moe_decode_kernel); the caller guarantees that the expert ids
     it reads (pair_ids, else the dispatch) were written two or more launches back. normal_scales: the caller
     guarantees every byte of `scale` lies in 1..254 (no subnormal 2^-127, no NaN): one instruction per
     scale byte instead of five (moe_mxfp4.scale_facts checks it once per layer)."""
@@ -711,6 +712,8 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         return (out, out_s) if plain else out
     dummy = d.pair_row
     S = d.pair_row.shape[0]
+    if early and stages:
+        raise ValueError(f"decode_gemm: early loads the hand prefetch's tiles: it needs stages 0, got {stages}")
     if pair_ids is not None and (d.block_m != 1 or pair_ids.shape != (S,) or d.max_blocks != S):
         raise ValueError(f"decode_gemm: pair_ids [{S}] need a pair-order dispatch (block_m 1, {S} blocks), got "
                          f"{tuple(pair_ids.shape)} with block_m {d.block_m} and {d.max_blocks} blocks")
