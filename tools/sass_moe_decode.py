@@ -56,6 +56,9 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
         consts["NORMAL_SCALES"] = normal
     elif normal:
         raise ValueError("that version of the decode kernel has no NORMAL_SCALES")
+    for param in module._moe_decode_kernel.params:  # other constexprs at their defaults, as a launch takes them
+        if param.is_constexpr and param.name not in consts and param.has_default:
+            consts[param.name] = param.default
     sig.update({name: "constexpr" for name in consts})
     attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
     src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
