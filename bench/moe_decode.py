@@ -304,7 +304,30 @@ def tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+def gluon_variants(T: int, cfg) -> dict:
+    """The default decode layer against GEMMs run by moe_decode_sm90's Gluon kernel (pair order only; its
+    stages n: n - 1 weight tiles in flight in registers), one GEMM at a time and both."""
+    import dataclasses
+
+    r = dataclasses.replace
+    out = {"default": cfg}
+    if not cfg.pair_order:
+        return out
+    ups = {"32x512x8 s2": (32, 512, 8, 2), "32x512x8 s3": (32, 512, 8, 3), "32x256x8 s3": (32, 256, 8, 3)}
+    downs = {"16x1024x8 s3": (16, 1024, 8, 3), "32x1024x8 s2": (32, 1024, 8, 2), "32x512x4 s2": (32, 512, 4, 2),
+             "16x512x4 s3": (16, 512, 4, 3)}
+    for label, (bn, bk, w, st) in ups.items():
+        out[f"gluon gate/up {label}"] = r(cfg, gluon1=True, block_n1=bn, block_k1=bk, num_warps1=w, stages1=st,
+                                          split_k1=1, early1=False)
+    for label, (bn, bk, w, st) in downs.items():
+        out[f"gluon down {label}"] = r(cfg, gluon2=True, block_n2=bn, block_k2=bk, num_warps2=w, stages2=st,
+                                       split_k2=1, early2=False)
+    out["gluon both"] = r(out["gluon gate/up 32x512x8 s2"], gluon2=True, block_n2=16, block_k2=1024, num_warps2=8,
+                          stages2=3, split_k2=1, early2=False)
+    return out
+
+
+VARIANT_SETS = {"gluon": gluon_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -520,6 +543,8 @@ def main() -> None:
                     help="only the default layer against other pipelined tiles for either GEMM")
     ap.add_argument("--plain-ab", action="store_true",
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
+    ap.add_argument("--gluon-ab", action="store_true",
+                    help="the default layer against GEMMs run by the Gluon kernel (moe_decode_sm90)")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -552,8 +577,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.old):
-            which = ("down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.gluon_ab or args.old):
+            which = ("gluon" if args.gluon_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load

@@ -89,7 +89,11 @@ class DecodeConfig:
     straight from topk_ids (written by the router, before prep), so the gate/up GEMM knows its weights
     before prep has finished. early1 / early2 (stages 0 only): the hand prefetch's first two weight tiles
     are loaded before the GEMM waits for the launch before it (PDL; see _moe_decode_kernel), so they
-    stream in while that launch finishes. early1 needs pair_order."""
+    stream in while that launch finishes. early1 needs pair_order.
+
+    gluon1 / gluon2 (pair_order, no split): the gate/up / down GEMM runs moe_decode_sm90's Gluon kernel
+    (sm_90 only; the caller checks moe_decode_sm90.available) with that GEMM's tile; its stages n >= 2
+    keep n - 1 weight tiles in flight in registers, the first n - 1 requested before the PDL wait."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -104,6 +108,8 @@ class DecodeConfig:
     pair_order: bool = False
     early1: bool = False
     early2: bool = False
+    gluon1: bool = False
+    gluon2: bool = False
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -111,6 +117,12 @@ class DecodeConfig:
         if self.early1 and not self.pair_order:
             raise ValueError("DecodeConfig: early1 needs pair_order (the gate/up GEMM must know its experts "
                              "before prep, the launch before it, has finished)")
+        for g, split, stages, early in ((self.gluon1, self.split_k1, self.stages1, self.early1),
+                                        (self.gluon2, self.split_k2, self.stages2, self.early2)):
+            if g and (not self.pair_order or split > 1 or stages < 2 or early):
+                raise ValueError("DecodeConfig: a Gluon GEMM (gluon1/gluon2) needs pair_order, no split K, "
+                                 f"stages >= 2 and no early flag, got pair_order {self.pair_order}, split {split}, "
+                                 f"stages {stages}, early {early}")
         if (self.early1 and self.stages1) or (self.early2 and self.stages2):
             raise ValueError("DecodeConfig: early1/early2 load the hand prefetch's tiles early: they need stages 0, "
                              f"got stages {self.stages1}, {self.stages2}")
@@ -835,13 +847,28 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     act, alpha = kernel_activation(activation)
     tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1,
                   pair_ids=pair_ids, early=config.early1, normal_scales=normal_scales)
-    if config.split_k1 > 1:
+    if config.gluon1:
+        from dayzero.kernels.moe_decode_sm90 import decode_gemm_sm90
+
+        hq, hs = decode_gemm_sm90(xq, xs, w13, s13, b13, pair_ids, top_k=topk_ids.shape[1], out_features=inter,
+                                  gather=True, activation=act, alpha=alpha, limit=activation.limit,
+                                  block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1,
+                                  stages=config.stages1, normal_scales=normal_scales)
+    elif config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
         hq, hs = activate_partials(part, b13, d, activation=act, alpha=alpha, limit=activation.limit)
     else:
         hq, hs = decode_gemm(xq, xs, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
                              limit=activation.limit, **tiles1)
+    if config.gluon2:
+        from dayzero.kernels.moe_decode_sm90 import decode_gemm_sm90
+
+        y = decode_gemm_sm90(hq, hs, w2, s2, b2, pair_ids, top_k=topk_ids.shape[1], out_features=H, gather=False,
+                             router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
+                             block_k=config.block_k2, num_warps=config.num_warps2, stages=config.stages2,
+                             normal_scales=normal_scales)
+        return combine(y, d, T, x.dtype)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,

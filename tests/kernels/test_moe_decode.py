@@ -377,6 +377,44 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
     assert rel_err(out, ref) < 1.5e-2
 
 
+@cuda
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("tokens,gluon,tiles", [
+    (1, (True, True), (32, 16, 512, 1024, 8, 8, 2, 3)), (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0)),
+    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2)), (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3))])
+def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, model_layers):  # noqa: F811
+    """moe_decode_sm90's Gluon GEMMs (sm_90) at full model shapes, pair order: against the exact layer, the
+    reference op and the Triton decode kernels on the same inputs (the same integer sums; only the float32
+    order of the block sums may differ), with an invalid expert id in the routing."""
+    from dayzero import ops
+    from dayzero.kernels.moe_decode import DecodeConfig
+    from dayzero.kernels.moe_decode_sm90 import available
+    from dayzero.ops import REGISTRY
+
+    if not available(torch.device("cuda")):
+        pytest.skip("the Gluon decode kernels need an sm_90 device")
+    E, k, H, I, act, _ = MODELS[model]
+    experts = model_layers(model)
+    gen = torch.Generator().manual_seed(tokens + 7)
+    x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
+    ids, w = random_routing(tokens, E, k, gen, "cuda")
+    n1, n2, k1, k2, w1, w2, s1, s2 = tiles
+    early2 = s2 == 0
+    cfg = DecodeConfig(1, n1, n2, k1, k2, w1, w2, stages1=s1, stages2=s2, pair_order=True, early2=early2,
+                       gluon1=gluon[0], gluon2=gluon[1])
+    out = _run(x, ids, w, experts, act, cfg)
+    triton_cfg = DecodeConfig(1, 32, 32, 512, 512, 4, 4, stages1=3, stages2=3, pair_order=True)
+    assert rel_err(out, _run(x, ids, w, experts, act, triton_cfg)) < 2e-3
+    with REGISTRY.force_backend("reference"):
+        ref = ops.moe_experts_mxfp4(x, ids, w, experts, act)
+    assert out.isfinite().all()
+    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
+    assert rel_err(out, ref) < 1.5e-2
+    bad = ids.clone()
+    bad[0, 1] = -1  # no expert: the pair is skipped by both GEMMs and the combine
+    assert rel_err(_run(x, bad, w, experts, act, cfg), _run(x, bad, w, experts, act, triton_cfg)) < 2e-3
+
+
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "1x32x256x8"],
                                   ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
                                   ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])

@@ -1,0 +1,395 @@
+"""The decode GEMMs of path A in Gluon for sm_90, pair order (one program per pair and BLOCK_N outputs):
+the same arithmetic as moe_decode's Triton kernel (offset weight bytes by two byte permutes per four
+codes, dp4a against 16-bit activations split into bytes, one float32 multiply-add per 32-value block),
+with the data movement written out instead of left to the compiler.
+
+Why: in moe_decode's kernel a third of the main loop's instructions are not the decode or the dp4a
+(tools/sass_moe_decode.py: 328 per K step for 16 weight words at one token, 208 of them PRMT, IDP,
+LOP3, SHF): the software pipeline stages every tile, the activations included, through shared memory
+behind a CTA barrier; the scale bytes come in one layout and move to the words' layout; and the
+prefetched tiles of one program couple its warps. Here:
+
+- Each thread copies (cp.async, 16 bytes) exactly the weight words it will decode into its own slots of
+  a ring of STAGES tiles in shared memory and reads them back itself: no CTA barrier in the loop, and a
+  warp never waits for another.
+- The activation words of a thread's 32-value block column come from global memory (L1/L2: every
+  program of a token reads the same row) one step ahead, in registers, in the layout the dp4a needs;
+  the scale bytes likewise, one byte per block in the words' layout.
+- The expert id comes from topk_ids (pair order), written two launches back, so the first STAGES - 1
+  weight tiles are requested before the PDL wait, while the launch before finishes.
+
+Layout of one K tile, [BLOCK_N rows, BLOCK_K / 32 blocks, 4 words]: a thread holds the 4 words (32 codes)
+of one block column for BLOCK_N / (rows covered by the lanes and warps) rows; lanes run along the block
+columns first (consecutive 16-byte chunks of a row: coalesced), then along rows; warps along rows. The
+gate/up GEMM holds a gate tile and an up tile in the same layout, so gate and up of an output sit in
+the same thread after the sum over K.
+
+The interface and outputs are moe_decode.decode_gemm's for a pair-order dispatch: h quantized into the
+xq/xs layout (moe_decode's docstring) from the gate/up GEMM, bf16 rows times the router weight from the
+down GEMM; moe_dispatch.combine sums them. Only compiled for CUDA sm_90 (Gluon has no interpreter):
+moe_decode's Triton kernel stays the path under TRITON_INTERPRET, on other devices, for sorted
+dispatches (BLOCK_M 2 and 4) and split K.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from dayzero.kernels import pdl
+from dayzero.kernels.moe_decode import _E2M1_BYTES_ASM  # eight codes -> two words of offset bytes
+from dayzero.kernels.moe_gemm import interpreting
+
+GLUON_ENV = "DAYZERO_MOE_DECODE_GLUON"  # "0": moe_decode's Triton kernel on sm_90 too
+
+
+def available(device: torch.device) -> bool:
+    """Where these kernels run: compiled (not interpreted) on a CUDA sm_90 device, unless
+    DAYZERO_MOE_DECODE_GLUON=0."""
+    if device.type != "cuda" or interpreting() or os.environ.get(GLUON_ENV, "1").strip() == "0":
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+@gluon.constexpr_function
+def _tile_layout(block_n, kb, num_warps):
+    lk = min(32, kb)
+    lr = 32 // lk
+    return gl.BlockedLayout([block_n // (lr * num_warps), 1, 4], [lr, lk, 1], [num_warps, 1, 1], [2, 1, 0])
+
+
+def tile_fits(block_n: int, block_k: int, num_warps: int) -> bool:
+    """Whether _tile_layout covers a [block_n, block_k / 32, 4] tile without replicating rows."""
+    kb = block_k // 32
+    if block_k % 32 or kb & (kb - 1) or kb > 32:
+        return False
+    lr = 32 // kb
+    return block_n % (lr * num_warps) == 0
+
+
+@gluon.jit
+def _gdc_wait():
+    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _gdc_launch_dependents():
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _dp4a(a, b, c, ASM: gl.constexpr):
+    return gl.inline_asm_elementwise(ASM, "=r,r,r,r", [a, b, c], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _split4(v, layout: gl.constexpr):
+    """[..., 4] -> its four slices along the last dimension (held by one thread), each converted to
+    `layout` (the same registers: the conversion moves no data)."""
+    shape: gl.constexpr = v.shape
+    if len(shape) == 3:
+        a, b = gl.split(gl.reshape(v, [shape[0], shape[1], 2, 2]))
+    else:
+        a, b = gl.split(gl.reshape(v, [shape[0], 2, 2]))
+    a0, a1 = gl.split(a)
+    b0, b1 = gl.split(b)
+    return (gl.convert_layout(a0, layout, assert_trivial=True), gl.convert_layout(b0, layout, assert_trivial=True),
+            gl.convert_layout(a1, layout, assert_trivial=True), gl.convert_layout(b1, layout, assert_trivial=True))
+
+
+@gluon.jit
+def _e8m0_factor(scale, NORMAL: gl.constexpr):
+    s = scale.to(gl.int32)
+    if NORMAL:
+        return (s << 23).to(gl.float32, bitcast=True)
+    bits = gl.where(s == 0, 0x00400000, s << 23)
+    bits = gl.where(s == 255, 0x7FC00000, bits)
+    return bits.to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _tile_dot(words, scale, tables, x, L2: gl.constexpr, NORMAL: gl.constexpr):
+    """float32 [BN, KB]: each 32-value block's dot product of a weight tile (int32 words [BN, KB, 4], E8M0
+    bytes [BN, KB]) with the activation row x = (the four byte planes [KB, 4] each, block factors [KB],
+    offset corrections [KB] as int32), both in the tile's layouts."""
+    h0, h1, l0, l1, xs, xc = x  # planes already split: four [1, KB] each
+    t0, t1, t2, t3 = tables
+    w = _split4(words, L2)
+    xh0 = h0
+    xh1 = h1
+    xl0 = l0
+    xl1 = l1
+    lo0, hi0 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[0], t0, t1, t2, t3],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    lo1, hi1 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[1], t0, t1, t2, t3],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    lo2, hi2 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[2], t0, t1, t2, t3],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    lo3, hi3 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[3], t0, t1, t2, t3],
+                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    SU: gl.constexpr = "dp4a.u32.s32 $0, $1, $2, $3;"
+    UU: gl.constexpr = "dp4a.u32.u32 $0, $1, $2, $3;"
+    isum = _dp4a(lo0, xh0[0], gl.zeros_like(lo0), SU)
+    isum = _dp4a(hi0, xh1[0], isum, SU)
+    isum = _dp4a(lo1, xh0[1], isum, SU)
+    isum = _dp4a(hi1, xh1[1], isum, SU)
+    isum = _dp4a(lo2, xh0[2], isum, SU)
+    isum = _dp4a(hi2, xh1[2], isum, SU)
+    isum = _dp4a(lo3, xh0[3], isum, SU)
+    isum = _dp4a(hi3, xh1[3], isum, SU)
+    isum = isum * 256 + xc
+    isum = _dp4a(lo0, xl0[0], isum, UU)
+    isum = _dp4a(hi0, xl1[0], isum, UU)
+    isum = _dp4a(lo1, xl0[1], isum, UU)
+    isum = _dp4a(hi1, xl1[1], isum, UU)
+    isum = _dp4a(lo2, xl0[2], isum, UU)
+    isum = _dp4a(hi2, xl1[2], isum, UU)
+    isum = _dp4a(lo3, xl0[3], isum, UU)
+    isum = _dp4a(hi3, xl1[3], isum, UU)
+    # |isum| <= 12 * 32 * 2^14 < 2^24: exact in float32, as are its products with the two powers of two
+    return (isum.to(gl.float32) * xs) * _e8m0_factor(scale, NORMAL)
+
+
+@gluon.jit
+def _tile_start(k0, K: gl.constexpr, BK: gl.constexpr):
+    """Where the K tile of step k0 is read from: k0, or K - BK for the last partial tile and for the
+    prefetches past the end (every load in bounds; the blocks read twice get activation factor 0)."""
+    return gl.minimum(k0, K - BK)
+
+
+@gluon.jit
+def _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i, K: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr):
+    """Words [BN, KB, 4] and E8M0 bytes [BN, KB] of K tile i: gate (or the only) rows, then up rows (the
+    same tensors again when not GATED)."""
+    start = _tile_start(i * BK, K, BK)
+    word = gl.multiple_of(start // 8, 4)
+    blk = gl.expand_dims(start // 32 + kb_off, 0)
+    gw = gl.load(g_ptrs + word)
+    gs = gl.load(gs_rows + blk)
+    if GATED:
+        return gw, gs, gl.load(u_ptrs + word), gl.load(us_rows + blk)
+    return gw, gs, gw, gs
+
+
+@gluon.jit
+def _planes(p, L2: gl.constexpr):
+    """A byte plane [KB, 4] -> its four words per block, each [1, KB] in the tile's [BN, KB] layout."""
+    a, b, c, d = _split4(p, gl.SliceLayout(0, L2))
+    return (gl.expand_dims(a, 0), gl.expand_dims(b, 0), gl.expand_dims(c, 0), gl.expand_dims(d, 0))
+
+
+@gluon.jit
+def _load_x(xq_row, xs_row, k0, K: gl.constexpr, BK: gl.constexpr, x_layout: gl.constexpr, L2: gl.constexpr):
+    """Activation row (xq/xs layout of moe_decode) for the K tile of step k0: the four byte planes [KB, 4],
+    the block factors [KB] (0 for blocks before k0, which the last partial tile reads twice) and the
+    offset corrections [KB] (int32)."""
+    KB: gl.constexpr = BK // 32
+    kb_layout: gl.constexpr = gl.SliceLayout(1, x_layout)
+    start = _tile_start(k0, K, BK)
+    blk = start // 32 + gl.arange(0, KB, layout=kb_layout)
+    word = gl.expand_dims(blk * 4, 1) + gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, x_layout)), 0)
+    h0 = gl.load(xq_row + word)
+    h1 = gl.load(xq_row + K // 8 + word)
+    l0 = gl.load(xq_row + 2 * (K // 8) + word)
+    l1 = gl.load(xq_row + 3 * (K // 8) + word)
+    xs = gl.load(xs_row + blk, mask=blk >= k0 // 32, other=0.0)
+    xc = gl.load(xs_row + K // 32 + blk).to(gl.int32, bitcast=True)
+    kl: gl.constexpr = gl.SliceLayout(0, L2)
+    return (_planes(h0, L2), _planes(h1, L2), _planes(l0, L2), _planes(l1, L2),
+            gl.expand_dims(gl.convert_layout(xs, kl), 0), gl.expand_dims(gl.convert_layout(xc, kl), 0))
+
+
+@gluon.jit
+def _load_scales(s_rows, k0, K: gl.constexpr, BK: gl.constexpr, kb_off):
+    """E8M0 bytes [BN, KB] of the K tile of step k0 (s_rows: [BN, 1] row pointers)."""
+    return gl.load(s_rows + gl.expand_dims(_tile_start(k0, K, BK) // 32 + kb_off, 0))
+
+
+@gluon.jit
+def _activate(gate, up, alpha, limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr):
+    """moe_gemm._activate: SwiGLU (optionally limited) or gpt-oss's clamped variant."""
+    if ACTIVATION == 1:
+        if HAS_LIMIT:
+            gate = gl.minimum(gate, limit)
+            up = gl.minimum(gl.maximum(up, -limit), limit)
+        out = gate / (1.0 + gl.exp(-gate)) * up
+    else:
+        gate = gl.minimum(gate, limit)
+        up = gl.minimum(gl.maximum(up, -limit), limit)
+        out = gate / (1.0 + gl.exp(-(alpha * gate))) * (up + 1.0)
+    return out
+
+
+@gluon.jit
+def _quantize_store(v, q_row, s_row, n0, N: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
+    """moe_decode._quantize_store in Gluon: float32 v [BN] (columns n0.. of one row, BN % 32 == 0) per 32
+    values into the xq/xs layout; q_row/s_row point at the row."""
+    NB: gl.constexpr = BN // 32
+    lay: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [1, 1, num_warps], [2, 1, 0])
+    flat: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
+    vb = gl.convert_layout(gl.reshape(gl.convert_layout(v, flat), [NB, 8, 4]), lay)
+    amax = gl.max(gl.max(gl.abs(vb), axis=2), axis=1)  # [NB]
+    e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 20)
+    factor = ((267 - e) << 23).to(gl.float32, bitcast=True)  # 2^(140 - e)
+    back = ((e - 14) << 23).to(gl.float32, bitcast=True)  # 2^(e - 141)
+    finite = gl.sum(gl.sum((gl.abs(vb) < float("inf")).to(gl.int32), axis=2), axis=1) == 32
+    back = gl.where(finite, back, float("nan"))
+    scaled = vb * gl.expand_dims(gl.expand_dims(factor, 1), 2)
+    q = (scaled + gl.where(scaled < 0, -0.5, 0.5)).to(gl.int32)  # round half away from zero
+    q = gl.where(scaled == scaled, q, 0)
+    byte_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(0, lay))
+    shift = gl.expand_dims(gl.expand_dims(8 * gl.arange(0, 4, layout=byte_l), 0), 0)
+    hi = gl.sum(((q >> 8) & 0xFF) << shift, axis=2)  # [NB, 8]: slot j holds k = 4j .. 4j + 3 of the block
+    lo = gl.sum((q & 0xFF) << shift, axis=2)
+    w_l: gl.constexpr = gl.SliceLayout(2, lay)
+    blk = n0 // 32 + gl.arange(0, NB, layout=gl.SliceLayout(1, w_l))
+    j = gl.arange(0, 8, layout=gl.SliceLayout(0, w_l))
+    # slot j -> plane j % 2 (k = 8 g + 4 (p % 2) + byte), word g = j // 2 of the block
+    dst = gl.expand_dims(blk * 4, 1) + gl.expand_dims((j % 2) * (N // 8) + j // 2, 0)
+    gl.store(q_row + dst, hi)
+    gl.store(q_row + 2 * (N // 8) + dst, lo)
+    qsum = gl.sum(gl.sum(q, axis=2), axis=1)
+    gl.store(s_row + blk, back)
+    gl.store(s_row + N // 32 + blk, (-qsum * 24).to(gl.float32, bitcast=True))
+
+
+@gluon.jit(do_not_specialize=["S", "E", "stride_be"])
+def _decode_kernel(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, ids_ptr, router_weight_ptr,
+    S, E, stride_be, alpha, limit,
+    K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
+    ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
+    PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
+    Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
+    GATHER: the activation row is the pair's token (x), else the pair's own row (h)."""
+    GATED: gl.constexpr = ACTIVATION != 0
+    KB: gl.constexpr = BLOCK_K // 32
+    STEPS: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    L3: gl.constexpr = _tile_layout(BLOCK_N, KB, num_warps)
+    L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BN, KB]
+    XL: gl.constexpr = gl.SliceLayout(0, L3)  # [KB, 4]
+    NL: gl.constexpr = gl.SliceLayout(1, L2)  # [BN]
+    KL: gl.constexpr = gl.SliceLayout(0, L2)  # [KB]
+    pair = gl.program_id(0)
+    n0 = gl.program_id(1) * BLOCK_N
+    expert_id = gl.load(ids_ptr + pair)  # the router's topk id: written two launches back
+    if (expert_id >= 0) & (expert_id < E):
+        expert = expert_id.to(gl.int32)
+        rows = n0 + gl.arange(0, BLOCK_N, layout=NL)
+        kb_off = gl.arange(0, KB, layout=KL)
+        wi = gl.expand_dims(gl.expand_dims(rows, 1), 2) * (K // 8) + gl.expand_dims(
+            gl.expand_dims(kb_off * 4, 0), 2) + gl.expand_dims(gl.expand_dims(
+                gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3))), 0), 0)
+        w_base = w_ptr + expert.to(gl.int64) * (NW * (K // 8))
+        s_base = s_ptr + expert.to(gl.int64) * (NW * (K // 32))
+        g_ptrs = w_base + wi
+        gs_rows = s_base + gl.expand_dims(rows, 1) * (K // 32)
+        if GATED:
+            u_ptrs = g_ptrs + OUT_N * (K // 8)
+            us_rows = gs_rows + OUT_N * (K // 32)
+        else:
+            u_ptrs = g_ptrs
+            us_rows = gs_rows
+        # Tiles 0 .. STAGES - 2 are requested before the wait (weights and ids only); then tile
+        # i + STAGES - 1 at step i, so STAGES - 1 tiles are in flight while one is decoded.
+        D: gl.constexpr = STAGES - 1
+        ga, gsa, ua, usa = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 0, K, BLOCK_K, GATED)
+        gb, gsb, ub, usb = ga, gsa, ua, usa
+        if D > 1 and STEPS > 1:
+            gb, gsb, ub, usb = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 1, K, BLOCK_K, GATED)
+        acc = gl.zeros([BLOCK_N, KB], gl.float32, L2)
+        up_acc = acc
+        if HAS_BIAS:
+            b_row = bias_ptr + expert.to(gl.int64) * stride_be
+            first = gl.expand_dims(kb_off == 0, 0)
+            acc = gl.where(first, gl.expand_dims(gl.load(b_row + rows).to(gl.float32), 1), acc)
+            if GATED:
+                up_acc = gl.where(first, gl.expand_dims(gl.load(b_row + OUT_N + rows).to(gl.float32), 1), up_acc)
+        if PDL:
+            _gdc_wait()
+            _gdc_launch_dependents()
+        if GATHER:
+            a_row = pair // TOP_K
+        else:
+            a_row = pair
+        xq_row = xq_ptr + a_row.to(gl.int64) * (K // 2)
+        xs_row = xs_ptr + a_row.to(gl.int64) * (K // 16)
+        if ROUTER_WEIGHT:
+            rw = gl.load(router_weight_ptr + pair).to(gl.float32)
+        # the byte-permute tables of _E2M1_BYTES_ASM (24 + 2|v| and 24 - 2|v|); E >> 31 == 0 keeps them
+        # in registers
+        zero = E >> 31
+        tables = (zero + 0x1B1A1918, zero + 0x24201E1C, zero + 0x15161718, zero + 0x0C101214)
+        for i in gl.static_range(STEPS):
+            gn, gsn, un, usn = ga, gsa, ua, usa
+            if i + D < STEPS:
+                gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + D, K, BLOCK_K, GATED)
+            x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
+            acc += _tile_dot(ga, gsa, tables, x, L2, NORMAL)
+            if GATED:
+                up_acc += _tile_dot(ua, usa, tables, x, L2, NORMAL)
+            if D > 1:
+                ga, gsa, ua, usa = gb, gsb, ub, usb
+                gb, gsb, ub, usb = gn, gsn, un, usn
+            else:
+                ga, gsa, ua, usa = gn, gsn, un, usn
+        v = gl.sum(acc, axis=1)  # [BN], NL
+        if GATED:
+            up = gl.sum(up_acc, axis=1)
+            h = _activate(v, up, alpha, limit, ACTIVATION, HAS_LIMIT)
+            _quantize_store(h, out_ptr + pair.to(gl.int64) * (OUT_N // 2), out_s_ptr + pair.to(gl.int64) * (OUT_N // 16),
+                            n0, OUT_N, BLOCK_N, num_warps)
+        else:
+            if ROUTER_WEIGHT:
+                v = v * rw
+            gl.store(out_ptr + pair.to(gl.int64) * OUT_N + rows, v.to(out_ptr.dtype.element_ty))
+    elif PDL:
+        _gdc_wait()
+        _gdc_launch_dependents()
+
+
+def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
+                     activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
+                     block_n: int, block_k: int, num_warps: int, stages: int = 3,
+                     normal_scales: bool = False):
+    """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
+    uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
+    else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
+    E, NW, words = w.shape
+    K = words * 8
+    S = pair_ids.shape[0]
+    block_k = min(block_k, 1 << (K.bit_length() - 1))
+    if out_features % block_n or (activation and block_n % 32) or not tile_fits(block_n, block_k, num_warps):
+        raise ValueError(f"decode_gemm_sm90: tile {block_n} x {block_k} over {num_warps} warps does not fit "
+                         f"{out_features} outputs")
+    if stages < 2:
+        raise ValueError(f"decode_gemm_sm90: stages must be at least 2, got {stages}")
+    dev = xq.device
+    if activation:
+        out = torch.empty(S, 4, out_features // 8, dtype=torch.int32, device=dev)
+        out_s = torch.empty(S, 2, out_features // 32, dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty(S, out_features, dtype=torch.bfloat16, device=dev)
+        out_s = None
+    if S == 0:
+        return (out, out_s) if activation else out
+    dummy = pair_ids
+    opts = pdl.launch_options(dev)
+    _decode_kernel[(S, out_features // block_n)](
+        xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy, pair_ids,
+        router_weights if router_weights is not None else dummy,
+        S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
+        K=K, NW=NW, OUT_N=out_features, TOP_K=top_k, GATHER=gather, ACTIVATION=activation,
+        HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"],
+        num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
+    )
+    return (out, out_s) if activation else out
