@@ -306,24 +306,29 @@ def tiles_variants(T: int, cfg) -> dict:
 
 def gluon_variants(T: int, cfg) -> dict:
     """The default decode layer against GEMMs run by moe_decode_sm90's Gluon kernel (pair order only; its
-    stages n: n - 1 weight tiles in flight in registers), one GEMM at a time and both."""
+    stages n: n - 1 weight tiles in flight, in registers or "smem": through a ring of shared memory), one
+    GEMM at a time and both."""
     import dataclasses
 
     r = dataclasses.replace
     out = {"default": cfg}
     if not cfg.pair_order:
         return out
-    ups = {"32x512x8 s2": (32, 512, 8, 2), "32x512x8 s3": (32, 512, 8, 3), "32x256x8 s3": (32, 256, 8, 3)}
-    downs = {"16x1024x8 s3": (16, 1024, 8, 3), "32x1024x8 s2": (32, 1024, 8, 2), "32x512x4 s2": (32, 512, 4, 2),
-             "16x512x4 s3": (16, 512, 4, 3)}
-    for label, (bn, bk, w, st) in ups.items():
+    ups = {"32x512x8 s2": (32, 512, 8, 2, False), "32x256x8 smem s3": (32, 256, 8, 3, True),
+           "32x256x8 smem s4": (32, 256, 8, 4, True)}
+    downs = {"32x1024x8 s2": (32, 1024, 8, 2, False), "16x1024x8 smem s4": (16, 1024, 8, 4, True),
+             "32x512x8 smem s4": (32, 512, 8, 4, True)}
+    for label, (bn, bk, w, st, sm) in ups.items():
         out[f"gluon gate/up {label}"] = r(cfg, gluon1=True, block_n1=bn, block_k1=bk, num_warps1=w, stages1=st,
-                                          split_k1=1, early1=False)
-    for label, (bn, bk, w, st) in downs.items():
+                                          smem1=sm, split_k1=1, early1=False)
+    for label, (bn, bk, w, st, sm) in downs.items():
         out[f"gluon down {label}"] = r(cfg, gluon2=True, block_n2=bn, block_k2=bk, num_warps2=w, stages2=st,
-                                       split_k2=1, early2=False)
-    out["gluon both"] = r(out["gluon gate/up 32x512x8 s2"], gluon2=True, block_n2=16, block_k2=1024, num_warps2=8,
-                          stages2=3, split_k2=1, early2=False)
+                                       smem2=sm, split_k2=1, early2=False)
+    for up, down in (("32x256x8 smem s3", "32x512x8 smem s4"), ("32x256x8 smem s3", "16x1024x8 smem s4"),
+                     ("32x256x8 smem s3", "32x1024x8 s2"), ("32x512x8 s2", "32x1024x8 s2")):
+        both = out[f"gluon down {down}"]
+        out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
+            "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
     return out
 
 

@@ -93,7 +93,8 @@ class DecodeConfig:
 
     gluon1 / gluon2 (pair_order, no split): the gate/up / down GEMM runs moe_decode_sm90's Gluon kernel
     (sm_90 only; the caller checks moe_decode_sm90.available) with that GEMM's tile; its stages n >= 2
-    keep n - 1 weight tiles in flight in registers, the first n - 1 requested before the PDL wait."""
+    keep n - 1 weight tiles in flight, the first n - 1 requested before the PDL wait: in registers, or with
+    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -110,6 +111,8 @@ class DecodeConfig:
     early2: bool = False
     gluon1: bool = False
     gluon2: bool = False
+    smem1: bool = False
+    smem2: bool = False
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -853,7 +856,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         hq, hs = decode_gemm_sm90(xq, xs, w13, s13, b13, pair_ids, top_k=topk_ids.shape[1], out_features=inter,
                                   gather=True, activation=act, alpha=alpha, limit=activation.limit,
                                   block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1,
-                                  stages=config.stages1, normal_scales=normal_scales)
+                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1)
     elif config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -867,7 +870,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         y = decode_gemm_sm90(hq, hs, w2, s2, b2, pair_ids, top_k=topk_ids.shape[1], out_features=H, gather=False,
                              router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                              block_k=config.block_k2, num_warps=config.num_warps2, stages=config.stages2,
-                             normal_scales=normal_scales)
+                             normal_scales=normal_scales, smem=config.smem2)
         return combine(y, d, T, x.dtype)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
@@ -908,8 +911,18 @@ def expected_active_experts(num_tokens: int, top_k: int, num_experts: int) -> fl
     return num_experts * (1 - (1 - min(top_k, num_experts) / num_experts) ** num_tokens)
 
 
+# One token on sm_90 (pair order, the gate/up GEMM with few programs): the Gluon GEMMs of moe_decode_sm90,
+# (block_n, block_k, warps, stages, smem) of gate/up and down. Measured on the H200 (bench/moe_decode.py
+# --gluon-ab, 2026-12-01 tenth run, 8 layers per graph, every variant timed in turn): gate/up 32 x 256 x 8
+# through a 3-slot shared-memory ring 1.11x / 1.06x the Triton layer alone (gpt-oss-120b / DeepSeek-V4),
+# down 32 x 512 x 8 through 4 slots 1.08x / 1.05x. From 8 tokens the Triton kernels stay (the Gluon
+# GEMMs measured 0.87-1.02x there).
+GLUON_ONE_TOKEN = ((32, 256, 8, 3, True), (32, 512, 8, 4, True))
+
+
 def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidden: int, inter: int,
-                         num_sms: int = 132, max_rows: float = DECODE_MAX_ROWS_PER_EXPERT) -> DecodeConfig | None:
+                         num_sms: int = 132, max_rows: float = DECODE_MAX_ROWS_PER_EXPERT,
+                         gluon: bool = False) -> DecodeConfig | None:
     """The decode kernels' tiles from static sizes alone, or None where the tensor-core GEMM should run
     (more than max_rows expected rows per active expert. DECODE_MAX_ROWS_PER_EXPERT against moe_gemm's
     tensor-core kernel: on the H200 the decode kernels were faster at 64 tokens on gpt-oss-120b shapes
@@ -927,7 +940,10 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
     programs fit three per SM (gpt-oss-120b: 360 programs; DeepSeek-V4's 768 keep 32 x 512 x 4). BLOCK_M 1
     dispatches in pair order (neutral to 8% faster). With DAYZERO_MOE_DECODE_SPLITK=1 (or =N), a
     gate/up GEMM with few programs is split into SPLITK_GATE_UP (or N) K chunks across programs
-    (measured no faster at 4-16 chunks)."""
+    (measured no faster at 4-16 chunks).
+
+    gluon (the caller found moe_decode_sm90.available): at one token (pair order, few gate/up programs)
+    each GEMM whose GLUON_ONE_TOKEN tile fits its shapes runs the Gluon kernel instead."""
     top_k = max(1, num_pairs // max(1, num_tokens))
     active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
     rows = num_pairs / active
@@ -951,5 +967,23 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
             n2, k2, w2 = 32, 1024, 8
     split1 = splitk_chunks() if few1 else 1
     pair_order = block_m == 1 and num_pairs <= PREP_MAX_PAIRS
-    return DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1, stages1=s1, stages2=s2, pair_order=pair_order,
-                        early2=early2)
+    config = DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1, stages1=s1, stages2=s2, pair_order=pair_order,
+                          early2=early2)
+    if gluon and few1 and pair_order and split1 == 1:
+        import dataclasses
+
+        from dayzero.kernels.moe_decode_sm90 import tile_fits
+
+        (gn1, gk1, gw1, gs1, gm1), (gn2, gk2, gw2, gs2, gm2) = GLUON_ONE_TOKEN
+        if inter % gn1 == 0 and tile_fits(gn1, _clamp_k(gk1, hidden), gw1):
+            config = dataclasses.replace(config, gluon1=True, block_n1=gn1, block_k1=gk1, num_warps1=gw1,
+                                         stages1=gs1, smem1=gm1)
+        if hidden % gn2 == 0 and tile_fits(gn2, _clamp_k(gk2, inter), gw2):
+            config = dataclasses.replace(config, gluon2=True, block_n2=gn2, block_k2=gk2, num_warps2=gw2,
+                                         stages2=gs2, smem2=gm2, early2=False)
+    return config
+
+
+def _clamp_k(block_k: int, K: int) -> int:
+    """The K tile a decode GEMM runs for block_k over K (never wider than K, see decode_gemm)."""
+    return min(block_k, 1 << (K.bit_length() - 1))

@@ -39,6 +39,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from dayzero.kernels import pdl
 from dayzero.kernels.moe_decode import _E2M1_BYTES_ASM  # eight codes -> two words of offset bytes
@@ -163,17 +164,41 @@ def _tile_start(k0, K: gl.constexpr, BK: gl.constexpr):
 
 
 @gluon.jit
-def _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i, K: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr):
+def _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i, K: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
+                SMEM: gl.constexpr):
     """Words [BN, KB, 4] and E8M0 bytes [BN, KB] of K tile i: gate (or the only) rows, then up rows (the
-    same tensors again when not GATED)."""
+    same tensors again when not GATED). SMEM: the scales only (the words come through shared memory; the
+    word values returned are placeholders)."""
     start = _tile_start(i * BK, K, BK)
-    word = gl.multiple_of(start // 8, 4)
     blk = gl.expand_dims(start // 32 + kb_off, 0)
-    gw = gl.load(g_ptrs + word)
     gs = gl.load(gs_rows + blk)
+    us = gs
     if GATED:
-        return gw, gs, gl.load(u_ptrs + word), gl.load(us_rows + blk)
-    return gw, gs, gw, gs
+        us = gl.load(us_rows + blk)
+    if SMEM:
+        gw = gl.full_like(g_ptrs, 0, dtype=gl.int32)
+        uw = gw
+    else:
+        word = gl.multiple_of(start // 8, 4)
+        gw = gl.load(g_ptrs + word)
+        uw = gw
+        if GATED:
+            uw = gl.load(u_ptrs + word)
+    return gw, gs, uw, us
+
+
+@gluon.jit
+def _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
+                GATED: gl.constexpr):
+    """Start the asynchronous copies (cp.async, 16 bytes per thread and chunk) of K tile i into ring slot
+    i % STAGES, one group; past the last tile an empty group, so that the groups count the steps."""
+    STEPS: gl.constexpr = (K + BK - 1) // BK
+    if i < STEPS:
+        word = gl.multiple_of(_tile_start(i * BK, K, BK) // 8, 4)
+        async_copy.async_copy_global_to_shared(g_smem.index(i % STAGES), g_ptrs + word)
+        if GATED:
+            async_copy.async_copy_global_to_shared(u_smem.index(i % STAGES), u_ptrs + word)
+    async_copy.commit_group()
 
 
 @gluon.jit
@@ -265,7 +290,7 @@ def _decode_kernel(
     K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
     ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
     Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
@@ -300,11 +325,21 @@ def _decode_kernel(
             us_rows = gs_rows
         # Tiles 0 .. STAGES - 2 are requested before the wait (weights and ids only); then tile
         # i + STAGES - 1 at step i, so STAGES - 1 tiles are in flight while one is decoded.
-        D: gl.constexpr = STAGES - 1
-        ga, gsa, ua, usa = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 0, K, BLOCK_K, GATED)
+        D: gl.constexpr = STAGES - 1  # tiles of words in flight
+        # register-held tiles (words and scales, or the scales alone with SMEM) run P = 1 or 2 steps ahead
+        P: gl.constexpr = 2 if D > 1 else 1
+        if SMEM:  # words by cp.async into a ring of STAGES slots; scales in registers, P steps ahead
+            lay_s: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])
+            g_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+            u_smem = g_smem
+            if GATED:
+                u_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+            for i in gl.static_range(D):
+                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K, BLOCK_K, STAGES, GATED)
+        ga, gsa, ua, usa = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 0, K, BLOCK_K, GATED, SMEM)
         gb, gsb, ub, usb = ga, gsa, ua, usa
-        if D > 1 and STEPS > 1:
-            gb, gsb, ub, usb = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 1, K, BLOCK_K, GATED)
+        if P > 1 and STEPS > 1:
+            gb, gsb, ub, usb = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 1, K, BLOCK_K, GATED, SMEM)
         acc = gl.zeros([BLOCK_N, KB], gl.float32, L2)
         up_acc = acc
         if HAS_BIAS:
@@ -330,13 +365,20 @@ def _decode_kernel(
         tables = (zero + 0x1B1A1918, zero + 0x24201E1C, zero + 0x15161718, zero + 0x0C101214)
         for i in gl.static_range(STEPS):
             gn, gsn, un, usn = ga, gsa, ua, usa
-            if i + D < STEPS:
-                gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + D, K, BLOCK_K, GATED)
+            if i + P < STEPS:
+                gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + P, K, BLOCK_K, GATED,
+                                               SMEM)
             x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
+            if SMEM:
+                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED)
+                async_copy.wait_group(D)
+                ga = g_smem.index(i % STAGES).load(L3)
+                if GATED:
+                    ua = u_smem.index(i % STAGES).load(L3)
             acc += _tile_dot(ga, gsa, tables, x, L2, NORMAL)
             if GATED:
                 up_acc += _tile_dot(ua, usa, tables, x, L2, NORMAL)
-            if D > 1:
+            if P > 1:
                 ga, gsa, ua, usa = gb, gsb, ub, usb
                 gb, gsb, ub, usb = gn, gsn, un, usn
             else:
@@ -359,7 +401,7 @@ def _decode_kernel(
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
                      activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
                      block_n: int, block_k: int, num_warps: int, stages: int = 3,
-                     normal_scales: bool = False):
+                     normal_scales: bool = False, smem: bool = False):
     """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
     uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
     else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
@@ -370,8 +412,8 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
     if out_features % block_n or (activation and block_n % 32) or not tile_fits(block_n, block_k, num_warps):
         raise ValueError(f"decode_gemm_sm90: tile {block_n} x {block_k} over {num_warps} warps does not fit "
                          f"{out_features} outputs")
-    if stages < 2:
-        raise ValueError(f"decode_gemm_sm90: stages must be at least 2, got {stages}")
+    if stages < 2 or (not smem and stages > 3):
+        raise ValueError(f"decode_gemm_sm90: stages must be 2 or 3 (or more with smem), got {stages}")
     dev = xq.device
     if activation:
         out = torch.empty(S, 4, out_features // 8, dtype=torch.int32, device=dev)
@@ -389,7 +431,7 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
         S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, TOP_K=top_k, GATHER=gather, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"],
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem,
         num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
     )
     return (out, out_s) if activation else out

@@ -342,8 +342,11 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
                                                 choose_decode_config, moe_layer_decode)
 
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        from dayzero.kernels.moe_decode_sm90 import available as gluon_available
+
         decode = configs or choose_decode_config(T, pairs, E, H, inter, sms,
-                                                 DECODE_MAX_ROWS_WGMMA if wgmma else DECODE_MAX_ROWS_PER_EXPERT)
+                                                 DECODE_MAX_ROWS_WGMMA if wgmma else DECODE_MAX_ROWS_PER_EXPERT,
+                                                 gluon=x.is_cuda and gluon_available(x.device))
         if decode is not None:
             normal = normal_scales() if callable(normal_scales) else normal_scales
             return moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, inter=inter,

@@ -257,7 +257,7 @@ def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, 
 
 @interpreter
 def test_choose_decode_config():
-    from dayzero.kernels.moe_decode import DECODE_MAX_ROWS_WGMMA, choose_decode_config
+    from dayzero.kernels.moe_decode import DECODE_MAX_ROWS_WGMMA, DecodeConfig, choose_decode_config
 
     assert choose_decode_config(1, 4, 128, 2880, 2880).block_m == 1
     assert choose_decode_config(32, 128, 128, 2880, 2880) is not None
@@ -280,6 +280,17 @@ def test_choose_decode_config():
     many = choose_decode_config(32, 128, 128, 2880, 2880)
     assert (many.block_m, many.block_n2, many.block_k2, many.stages2) == (2, 64, 256, 3)
     assert not many.pair_order and not many.early2
+    g = choose_decode_config(1, 4, 128, 2880, 2880, gluon=True)  # sm_90, one token: both GEMMs in Gluon
+    assert g.gluon1 and (g.block_n1, g.block_k1, g.num_warps1, g.stages1, g.smem1) == (32, 256, 8, 3, True)
+    assert g.gluon2 and (g.block_n2, g.block_k2, g.num_warps2, g.stages2, g.smem2, g.early2) == (32, 512, 8, 4, True,
+                                                                                                 False)
+    assert not choose_decode_config(8, 32, 128, 2880, 2880, gluon=True).gluon1  # from 8 tokens: Triton
+    tiny = choose_decode_config(1, 2, 8, 64, 32, gluon=True)  # K = 64: the Gluon tiles do not fit
+    assert not tiny.gluon1 and not tiny.gluon2
+    with pytest.raises(ValueError, match="Gluon"):
+        DecodeConfig(2, 32, 32, gluon1=True, stages1=3)  # sorted dispatch
+    with pytest.raises(ValueError, match="Gluon"):
+        DecodeConfig(1, 32, 32, pair_order=True, gluon2=True, stages2=0)
 
 
 @interpreter
@@ -379,10 +390,14 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,gluon,tiles", [
-    (1, (True, True), (32, 16, 512, 1024, 8, 8, 2, 3)), (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0)),
-    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2)), (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3))])
-def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, model_layers):  # noqa: F811
+@pytest.mark.parametrize("tokens,gluon,tiles,smem", [
+    (1, (True, True), (32, 16, 512, 1024, 8, 8, 2, 3), (False, False)),
+    (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0), (False, False)),
+    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2), (False, False)),
+    (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3), (False, False)),
+    (1, (True, True), (32, 32, 512, 1024, 8, 8, 4, 3), (True, True)),
+    (8, (True, True), (32, 16, 256, 1024, 8, 8, 4, 4), (True, True))])
+def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, model_layers):  # noqa: F811
     """moe_decode_sm90's Gluon GEMMs (sm_90) at full model shapes, pair order: against the exact layer, the
     reference op and the Triton decode kernels on the same inputs (the same integer sums; only the float32
     order of the block sums may differ), with an invalid expert id in the routing."""
@@ -401,7 +416,7 @@ def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, model_layers):  # 
     n1, n2, k1, k2, w1, w2, s1, s2 = tiles
     early2 = s2 == 0
     cfg = DecodeConfig(1, n1, n2, k1, k2, w1, w2, stages1=s1, stages2=s2, pair_order=True, early2=early2,
-                       gluon1=gluon[0], gluon2=gluon[1])
+                       gluon1=gluon[0], gluon2=gluon[1], smem1=smem[0], smem2=smem[1])
     out = _run(x, ids, w, experts, act, cfg)
     triton_cfg = DecodeConfig(1, 32, 32, 512, 512, 4, 4, stages1=3, stages2=3, pair_order=True)
     assert rel_err(out, _run(x, ids, w, experts, act, triton_cfg)) < 2e-3
@@ -440,6 +455,34 @@ def test_decode_kernel_sass_for_sm90(args):
     per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
     assert per_word["PRMT"] <= 4.5 and per_word["IDP"] == 4 * rows, out
     assert ("LDGSTS" in per_word) == ("--stages" in args), out
+
+
+@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3", "--smem"],
+                                  ["--k", "2880", "--tile", "32x512x8", "--stages", "4", "--smem", "--normal"],
+                                  ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]])
+def test_gluon_decode_kernel_sass_for_sm90(args):
+    """moe_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
+    spills, 4 dp4a and at most 4.1 PRMT per weight word (prologue and epilogue included), the shared-memory
+    ring filled by cp.async (LDGSTS) exactly when asked for, and the register variant free of CTA barriers
+    in its K steps (one in the epilogue's reduction at most)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode_sm90.py"), *args],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = run.stdout
+    assert "stack (spills) 0 B" in out, out
+    per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
+    assert per_word["IDP"] == 4 and per_word["PRMT"] <= 4.1, out
+    assert ("LDGSTS" in per_word) == ("--smem" in args), out
+    if "--smem" not in args:
+        assert int(re.search(r"CTA barriers (\d+)", out).group(1)) <= 1, out
 
 
 @pytest.mark.parametrize("early", [False, True])
