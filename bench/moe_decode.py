@@ -318,29 +318,17 @@ def gluon_variants(T: int, cfg) -> dict:
            "32x256x8 smem s4": (32, 256, 8, 4, True)}
     downs = {"32x1024x8 s2": (32, 1024, 8, 2, False), "16x1024x8 smem s4": (16, 1024, 8, 4, True),
              "32x512x8 smem s4": (32, 512, 8, 4, True)}
-    if T > 1:  # many programs: also the runtime K loop (smaller code, the scales one step ahead)
-        ups.update({"32x512x4 smem s3 rolled": (32, 512, 4, 3, True, False),
-                    "32x256x4 smem s4 rolled": (32, 256, 4, 4, True, False),
-                    "32x512x8 smem s3 rolled": (32, 512, 8, 3, True, False), "32x512x4 smem s3": (32, 512, 4, 3, True)})
-        downs.update({"32x512x4 smem s3 rolled": (32, 512, 4, 3, True, False),
-                      "32x256x4 smem s4 rolled": (32, 256, 4, 4, True, False), "32x512x4 smem s3": (32, 512, 4, 3, True)})
-    for label, (bn, bk, w, st, sm, *un) in ups.items():
+    for label, (bn, bk, w, st, sm) in ups.items():
         out[f"gluon gate/up {label}"] = r(cfg, gluon1=True, block_n1=bn, block_k1=bk, num_warps1=w, stages1=st,
-                                          smem1=sm, split_k1=1, early1=False, unroll1=not un or un[0])
-    for label, (bn, bk, w, st, sm, *un) in downs.items():
+                                          smem1=sm, split_k1=1, early1=False)
+    for label, (bn, bk, w, st, sm) in downs.items():
         out[f"gluon down {label}"] = r(cfg, gluon2=True, block_n2=bn, block_k2=bk, num_warps2=w, stages2=st,
-                                       smem2=sm, split_k2=1, early2=False, unroll2=not un or un[0])
+                                       smem2=sm, split_k2=1, early2=False)
     for up, down in (("32x256x8 smem s3", "32x512x8 smem s4"), ("32x256x8 smem s3", "16x1024x8 smem s4"),
                      ("32x256x8 smem s3", "32x1024x8 s2"), ("32x512x8 s2", "32x1024x8 s2")):
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
-            "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1", "unroll1")})
-    if T > 1:
-        for up, down in (("32x512x4 smem s3 rolled", "32x512x4 smem s3 rolled"),
-                         ("32x256x4 smem s4 rolled", "32x256x4 smem s4 rolled")):
-            both = out[f"gluon down {down}"]
-            out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
-                "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1", "unroll1")})
+            "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
     return out
 
 

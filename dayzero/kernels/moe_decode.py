@@ -113,8 +113,6 @@ class DecodeConfig:
     gluon2: bool = False
     smem1: bool = False
     smem2: bool = False
-    unroll1: bool = True
-    unroll2: bool = True
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -858,8 +856,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         hq, hs = decode_gemm_sm90(xq, xs, w13, s13, b13, pair_ids, top_k=topk_ids.shape[1], out_features=inter,
                                   gather=True, activation=act, alpha=alpha, limit=activation.limit,
                                   block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1,
-                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1,
-                                  unroll=config.unroll1)
+                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1)
     elif config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -873,7 +870,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         y = decode_gemm_sm90(hq, hs, w2, s2, b2, pair_ids, top_k=topk_ids.shape[1], out_features=H, gather=False,
                              router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                              block_k=config.block_k2, num_warps=config.num_warps2, stages=config.stages2,
-                             normal_scales=normal_scales, smem=config.smem2, unroll=config.unroll2)
+                             normal_scales=normal_scales, smem=config.smem2)
         return combine(y, d, T, x.dtype)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,

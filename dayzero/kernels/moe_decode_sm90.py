@@ -290,7 +290,7 @@ def _decode_kernel(
     K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
     ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, SMEM: gl.constexpr, UNROLL: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
     Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
@@ -338,7 +338,7 @@ def _decode_kernel(
                 _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K, BLOCK_K, STAGES, GATED)
         ga, gsa, ua, usa = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 0, K, BLOCK_K, GATED, SMEM)
         gb, gsb, ub, usb = ga, gsa, ua, usa
-        if P > 1 and STEPS > 1 and UNROLL:
+        if P > 1 and STEPS > 1:
             gb, gsb, ub, usb = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 1, K, BLOCK_K, GATED, SMEM)
         acc = gl.zeros([BLOCK_N, KB], gl.float32, L2)
         up_acc = acc
@@ -363,18 +363,7 @@ def _decode_kernel(
         # in registers
         zero = E >> 31
         tables = (zero + 0x1B1A1918, zero + 0x24201E1C, zero + 0x15161718, zero + 0x0C101214)
-        if not UNROLL:  # a runtime loop (SMEM): the scales one step ahead, the words from the ring
-            for i in range(STEPS):
-                _, gsn, _, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + 1, K, BLOCK_K, GATED, SMEM)
-                x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
-                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED)
-                async_copy.wait_group(D)
-                acc += _tile_dot(g_smem.index(i % STAGES).load(L3), gsa, tables, x, L2, NORMAL)
-                if GATED:
-                    up_acc += _tile_dot(u_smem.index(i % STAGES).load(L3), usa, tables, x, L2, NORMAL)
-                gsa = gsn
-                usa = usn
-        for i in gl.static_range(STEPS if UNROLL else 0):
+        for i in gl.static_range(STEPS):
             gn, gsn, un, usn = ga, gsa, ua, usa
             if i + P < STEPS:
                 gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + P, K, BLOCK_K, GATED,
@@ -412,7 +401,7 @@ def _decode_kernel(
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
                      activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
                      block_n: int, block_k: int, num_warps: int, stages: int = 3,
-                     normal_scales: bool = False, smem: bool = False, unroll: bool = True):
+                     normal_scales: bool = False, smem: bool = False):
     """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
     uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
     else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
@@ -423,9 +412,8 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
     if out_features % block_n or (activation and block_n % 32) or not tile_fits(block_n, block_k, num_warps):
         raise ValueError(f"decode_gemm_sm90: tile {block_n} x {block_k} over {num_warps} warps does not fit "
                          f"{out_features} outputs")
-    if stages < 2 or (not smem and stages > 3) or not (unroll or smem):
-        raise ValueError(f"decode_gemm_sm90: stages must be 2 or 3 (or more with smem), and a rolled loop needs "
-                         f"smem, got stages {stages}, smem {smem}, unroll {unroll}")
+    if stages < 2 or (not smem and stages > 3):
+        raise ValueError(f"decode_gemm_sm90: stages must be 2 or 3 (or more with smem), got {stages}")
     dev = xq.device
     if activation:
         out = torch.empty(S, 4, out_features // 8, dtype=torch.int32, device=dev)
@@ -443,7 +431,7 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
         S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, TOP_K=top_k, GATHER=gather, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem, UNROLL=unroll,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem,
         num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
     )
     return (out, out_s) if activation else out
