@@ -314,18 +314,20 @@ def gluon_variants(T: int, cfg) -> dict:
     out = {"default": cfg}
     if not cfg.pair_order:
         return out
-    ups = {"32x512x8 s2": (32, 512, 8, 2, False), "32x256x8 smem s3": (32, 256, 8, 3, True),
-           "32x256x8 smem s4": (32, 256, 8, 4, True)}
-    downs = {"32x1024x8 s2": (32, 1024, 8, 2, False), "16x1024x8 smem s4": (16, 1024, 8, 4, True),
-             "32x512x8 smem s4": (32, 512, 8, 4, True)}
+    ups = {"32x512x8 s2": (32, 512, 8, 2, False), "32x256x8 smem s2": (32, 256, 8, 2, True),
+           "32x256x8 smem s3": (32, 256, 8, 3, True)}
+    downs = {"32x1024x8 s2": (32, 1024, 8, 2, False), "32x512x8 smem s3": (32, 512, 8, 3, True),
+             "32x512x8 smem s4": (32, 512, 8, 4, True), "32x512x8 smem s5": (32, 512, 8, 5, True),
+             "32x256x8 smem s4": (32, 256, 8, 4, True)}
     for label, (bn, bk, w, st, sm) in ups.items():
         out[f"gluon gate/up {label}"] = r(cfg, gluon1=True, block_n1=bn, block_k1=bk, num_warps1=w, stages1=st,
                                           smem1=sm, split_k1=1, early1=False)
     for label, (bn, bk, w, st, sm) in downs.items():
         out[f"gluon down {label}"] = r(cfg, gluon2=True, block_n2=bn, block_k2=bk, num_warps2=w, stages2=st,
                                        smem2=sm, split_k2=1, early2=False)
-    for up, down in (("32x256x8 smem s3", "32x512x8 smem s4"), ("32x256x8 smem s3", "16x1024x8 smem s4"),
-                     ("32x256x8 smem s3", "32x1024x8 s2"), ("32x512x8 s2", "32x1024x8 s2")):
+    for up, down in (("32x256x8 smem s3", "32x512x8 smem s4"), ("32x256x8 smem s3", "32x512x8 smem s3"),
+                     ("32x256x8 smem s3", "32x256x8 smem s4"), ("32x256x8 smem s2", "32x512x8 smem s4"),
+                     ("32x512x8 s2", "32x1024x8 s2")):
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
             "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})

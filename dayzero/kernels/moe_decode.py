@@ -913,11 +913,11 @@ def expected_active_experts(num_tokens: int, top_k: int, num_experts: int) -> fl
 
 # One token on sm_90 (pair order, the gate/up GEMM with few programs): the Gluon GEMMs of moe_decode_sm90,
 # (block_n, block_k, warps, stages, smem) of gate/up and down. Measured on the H200 (bench/moe_decode.py
-# --gluon-ab, 2026-12-01 tenth run, 8 layers per graph, every variant timed in turn): gate/up 32 x 256 x 8
-# through a 3-slot shared-memory ring 1.11x / 1.06x the Triton layer alone (gpt-oss-120b / DeepSeek-V4),
-# down 32 x 512 x 8 through 4 slots 1.08x / 1.05x. From 8 tokens the Triton kernels stay (the Gluon
-# GEMMs measured 0.87-1.02x there).
-GLUON_ONE_TOKEN = ((32, 256, 8, 3, True), (32, 512, 8, 4, True))
+# --gluon-ab, 2026-12-01 tenth run, 8 layers per graph, every variant timed in turn, BENCHMARKS.md):
+# gate/up 32 x 256 x 8 through a 3-slot shared-memory ring 1.11x / 1.05x the Triton layer alone
+# (gpt-oss-120b / DeepSeek-V4), down 32 x 512 x 8 through 3 slots 1.08x / 1.06x, both 1.20x / 1.14x.
+# From 8 tokens the Triton kernels stay (the Gluon GEMMs measured 0.87-1.04x there).
+GLUON_ONE_TOKEN = ((32, 256, 8, 3, True), (32, 512, 8, 3, True))
 
 
 def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidden: int, inter: int,

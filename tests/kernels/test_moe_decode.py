@@ -282,7 +282,7 @@ def test_choose_decode_config():
     assert not many.pair_order and not many.early2
     g = choose_decode_config(1, 4, 128, 2880, 2880, gluon=True)  # sm_90, one token: both GEMMs in Gluon
     assert g.gluon1 and (g.block_n1, g.block_k1, g.num_warps1, g.stages1, g.smem1) == (32, 256, 8, 3, True)
-    assert g.gluon2 and (g.block_n2, g.block_k2, g.num_warps2, g.stages2, g.smem2, g.early2) == (32, 512, 8, 4, True,
+    assert g.gluon2 and (g.block_n2, g.block_k2, g.num_warps2, g.stages2, g.smem2, g.early2) == (32, 512, 8, 3, True,
                                                                                                  False)
     assert not choose_decode_config(8, 32, 128, 2880, 2880, gluon=True).gluon1  # from 8 tokens: Triton
     tiny = choose_decode_config(1, 2, 8, 64, 32, gluon=True)  # K = 64: the Gluon tiles do not fit
@@ -395,7 +395,7 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
     (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0), (False, False)),
     (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2), (False, False)),
     (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3), (False, False)),
-    (1, (True, True), (32, 32, 512, 1024, 8, 8, 4, 3), (True, True)),
+    (1, (True, True), (32, 32, 256, 512, 8, 8, 3, 3), (True, True)),  # the one-token default on sm_90
     (8, (True, True), (32, 16, 256, 1024, 8, 8, 4, 4), (True, True))])
 def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, model_layers):  # noqa: F811
     """moe_decode_sm90's Gluon GEMMs (sm_90) at full model shapes, pair order: against the exact layer, the
@@ -458,7 +458,7 @@ def test_decode_kernel_sass_for_sm90(args):
 
 
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3", "--smem"],
-                                  ["--k", "2880", "--tile", "32x512x8", "--stages", "4", "--smem", "--normal"],
+                                  ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--smem", "--normal"],
                                   ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]])
 def test_gluon_decode_kernel_sass_for_sm90(args):
     """moe_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
