@@ -3,6 +3,7 @@ then whole layers, in CUDA graphs with the weights rotating over copies far larg
 
     python bench/moe_decode.py --precompile 12     # fill Triton's cache from 12 processes first
     python bench/moe_decode.py --json out.json     # time: gpt-oss-120b and DeepSeek-V4 at 1, 8, 32 tokens
+    python bench/moe_decode.py --gluon-ab --tokens 1 --per-graph 1 8   # the Triton layer vs the Gluon GEMMs (sm_90)
 
 Per model and token count: the gate/up GEMM (bias + activation + quantized h) and the down GEMM
 (bias x router weight) are timed alone for every (BLOCK_M, BLOCK_N, BLOCK_K, warps) in the grid, as %
@@ -305,9 +306,10 @@ def tiles_variants(T: int, cfg) -> dict:
 
 
 def gluon_variants(T: int, cfg) -> dict:
-    """The default decode layer against GEMMs run by moe_decode_sm90's Gluon kernel (pair order only; its
-    stages n: n - 1 weight tiles in flight, in registers or "smem": through a ring of shared memory), one
-    GEMM at a time and both."""
+    """The Triton decode layer ("default": choose_decode_config without gluon) against GEMMs run by
+    moe_decode_sm90's Gluon kernel (pair order only; its stages n: n - 1 weight tiles in flight, in
+    registers or "smem": through a ring of shared memory), one GEMM at a time and both; "gluon both
+    32x256x8 smem s3 / 32x512x8 smem s3" is the one-token default on sm_90 (GLUON_ONE_TOKEN)."""
     import dataclasses
 
     r = dataclasses.replace

@@ -40,7 +40,9 @@ mostly padding and the layer is bound by the work of unpacking weights, not by a
 
 Where this stands on the H200 (docs/kernels.md has the numbers): 2-3x faster than the tensor-core
 kernel at 1-32 tokens; 48-62% of copy bandwidth at one token (8 layers per CUDA graph, where a pure
-read of the same bytes reaches 91-95%), 65-89% at 8-32 tokens. At one token the down GEMM loads its
+read of the same bytes reaches 91-95%), 65-89% at 8-32 tokens. On sm_90 the one-token layer runs both
+GEMMs as moe_decode_sm90's Gluon kernels instead (DecodeConfig.gluon1/gluon2, GLUON_ONE_TOKEN: the same
+arithmetic with the data movement written out; 1.14-1.20x, 58-68% of copy bandwidth). At one token the down GEMM loads its
 first weight tiles before it waits for the gate/up GEMM (DecodeConfig.early2), 7-18% faster. Bound by
 latency and by issued instructions about equally: the offset bytes cut the integer work per weight
 word from 16 to 9 instructions and gained 0-11%; the pipelined loop (STAGES >= 2: tiles through shared

@@ -1,34 +1,43 @@
 """The decode GEMMs of path A in Gluon for sm_90, pair order (one program per pair and BLOCK_N outputs):
 the same arithmetic as moe_decode's Triton kernel (offset weight bytes by two byte permutes per four
 codes, dp4a against 16-bit activations split into bytes, one float32 multiply-add per 32-value block),
-with the data movement written out instead of left to the compiler.
+with the data movement written out instead of left to the compiler. The one-token default on sm_90
+(moe_decode.choose_decode_config, GLUON_ONE_TOKEN); from 8 tokens the Triton kernel stays.
 
 Why: in moe_decode's kernel a third of the main loop's instructions are not the decode or the dp4a
 (tools/sass_moe_decode.py: 328 per K step for 16 weight words at one token, 208 of them PRMT, IDP,
-LOP3, SHF): the software pipeline stages every tile, the activations included, through shared memory
-behind a CTA barrier; the scale bytes come in one layout and move to the words' layout; and the
-prefetched tiles of one program couple its warps. Here:
+LOP3, SHF): its software pipeline stages the activations through shared memory too, the scale bytes
+arrive in one layout and move to the words' layout, and the loop carries its prefetched values. Here:
 
-- Each thread copies (cp.async, 16 bytes) exactly the weight words it will decode into its own slots of
-  a ring of STAGES tiles in shared memory and reads them back itself: no CTA barrier in the loop, and a
-  warp never waits for another.
-- The activation words of a thread's 32-value block column come from global memory (L1/L2: every
-  program of a token reads the same row) one step ahead, in registers, in the layout the dp4a needs;
-  the scale bytes likewise, one byte per block in the words' layout.
+- The K loop is unrolled (K and BLOCK_K are constexpr: 3-16 steps), so nothing is carried between
+  steps and every tile's slot and offsets are constants.
+- Each thread loads exactly the weight words it decodes: the 4 words (32 codes) of one 32-value block
+  for BLOCK_N / (rows the lanes and warps cover) rows; lanes run along the blocks first (consecutive
+  16-byte chunks of a row: coalesced), then along rows; warps along rows. The gate/up GEMM holds a gate
+  tile and an up tile in the same layout, so gate and up of an output sit in the same thread after the
+  sum over K. STAGES n keeps n - 1 tiles in flight: in registers (SMEM False; no shared memory, no CTA
+  barrier) or copied by cp.async into a ring of n shared-memory slots that the same thread reads back
+  (SMEM True; Triton's barrier analysis still puts two CTA barriers in each step).
+- The activation words of a thread's block column are loaded at the start of each step from global
+  memory (L1/L2: every program of a token reads the same row), in the layout the dp4a needs; the scale
+  bytes one or two steps ahead, one byte per block, in the words' layout.
 - The expert id comes from topk_ids (pair order), written two launches back, so the first STAGES - 1
   weight tiles are requested before the PDL wait, while the launch before finishes.
 
-Layout of one K tile, [BLOCK_N rows, BLOCK_K / 32 blocks, 4 words]: a thread holds the 4 words (32 codes)
-of one block column for BLOCK_N / (rows covered by the lanes and warps) rows; lanes run along the block
-columns first (consecutive 16-byte chunks of a row: coalesced), then along rows; warps along rows. The
-gate/up GEMM holds a gate tile and an up tile in the same layout, so gate and up of an output sit in
-the same thread after the sum over K.
+Measured on the H200 (bench/moe_decode.py --gluon-ab, BENCHMARKS.md tenth run): at one token the
+shared-memory ring wins (gate/up 32 x 256 x 8 and down 32 x 512 x 8, 3 slots each: the layer 1.20x /
+1.14x the Triton kernels on gpt-oss-120b / DeepSeek-V4 shapes in an 8-layer graph; with 4 down slots
+1.19x / 1.12x one layer per replay); registers hold too few tiles in flight within 80 registers (2
+programs per SM above that: 0.98-1.04x). From 8 tokens both variants measured 0.87-1.03x, a runtime
+(rolled) K loop 0.93-1.04x (not kept).
 
 The interface and outputs are moe_decode.decode_gemm's for a pair-order dispatch: h quantized into the
 xq/xs layout (moe_decode's docstring) from the gate/up GEMM, bf16 rows times the router weight from the
 down GEMM; moe_dispatch.combine sums them. Only compiled for CUDA sm_90 (Gluon has no interpreter):
 moe_decode's Triton kernel stays the path under TRITON_INTERPRET, on other devices, for sorted
-dispatches (BLOCK_M 2 and 4) and split K.
+dispatches (BLOCK_M 2 and 4) and split K; tests/kernels/test_moe_decode.py checks these GEMMs on the
+GPU against the Triton kernels, the reference op and the exact layer, and their sm_90 SASS on the CPU
+(tools/sass_moe_decode_sm90.py).
 """
 
 from __future__ import annotations
