@@ -333,8 +333,6 @@ def gluon_variants(T: int, cfg) -> dict:
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
             "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
-    out["gluon defaults, x quantized in the gate/up GEMM (no prep)"] = r(
-        out["gluon both 32x256x8 smem s3 / 32x512x8 smem s3"], fuse_prep=True)
     return out
 
 

@@ -115,7 +115,6 @@ class DecodeConfig:
     gluon2: bool = False
     smem1: bool = False
     smem2: bool = False
-    fuse_prep: bool = False
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -123,9 +122,6 @@ class DecodeConfig:
         if self.early1 and not self.pair_order:
             raise ValueError("DecodeConfig: early1 needs pair_order (the gate/up GEMM must know its experts "
                              "before prep, the launch before it, has finished)")
-        if self.fuse_prep and not (self.gluon1 and self.gluon2):
-            raise ValueError("DecodeConfig: fuse_prep (x quantized in the gate/up GEMM, no prep launch) needs both "
-                             "GEMMs in Gluon (gluon1, gluon2)")
         for g, split, stages, early in ((self.gluon1, self.split_k1, self.stages1, self.early1),
                                         (self.gluon2, self.split_k2, self.stages2, self.early2)):
             if g and (not self.pair_order or split > 1 or stages < 2 or early):
@@ -847,10 +843,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
                              f"{topk_ids.numel()}")
         topk_ids = topk_ids.contiguous()  # the tensor prep reads too: written before prep
         pair_ids = topk_ids.view(-1)
-        if config.fuse_prep:  # the gate/up GEMM quantizes x itself, the combine needs no dispatch
-            d, xq, xs = None, None, None
-        else:
-            d, xq, xs = prep(x, topk_ids, E, 1, pair_order=True)
+        d, xq, xs = prep(x, topk_ids, E, 1, pair_order=True)
     elif topk_ids.numel() <= PREP_MAX_PAIRS:
         d, xq, xs = prep(x, topk_ids, E, config.block_m)
     else:
@@ -865,8 +858,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         hq, hs = decode_gemm_sm90(xq, xs, w13, s13, b13, pair_ids, top_k=topk_ids.shape[1], out_features=inter,
                                   gather=True, activation=act, alpha=alpha, limit=activation.limit,
                                   block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1,
-                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1,
-                                  x=x.contiguous() if config.fuse_prep else None)
+                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1)
     elif config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -880,11 +872,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         y = decode_gemm_sm90(hq, hs, w2, s2, b2, pair_ids, top_k=topk_ids.shape[1], out_features=H, gather=False,
                              router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                              block_k=config.block_k2, num_warps=config.num_warps2, stages=config.stages2,
-                             normal_scales=normal_scales, smem=config.smem2, zero_invalid=config.fuse_prep)
-        if config.fuse_prep:
-            from dayzero.kernels.moe_dispatch import combine_pairs
-
-            return combine_pairs(y, topk_ids.shape[1], T, x.dtype)
+                             normal_scales=normal_scales, smem=config.smem2)
         return combine(y, d, T, x.dtype)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,

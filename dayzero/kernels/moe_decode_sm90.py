@@ -239,81 +239,6 @@ def _load_x(xq_row, xs_row, k0, K: gl.constexpr, BK: gl.constexpr, x_layout: gl.
 
 
 @gluon.jit
-def _quantize_x_to_smem(x_row, K: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr):
-    """The activation row x_row (K values, any float dtype) quantized as moe_decode.quantize_rows does,
-    one 32-value block per thread, into shared memory arranged by K step: planes int32 [4, SP, KB, 4]
-    (plane p of the blocks step i reads, in the xq layout's word order), factors float32 [2, SP, KB]
-    (the block factors, 0 for blocks an earlier step already read, and the offset corrections as int32
-    bits); SP = the step count rounded up to a power of two. Ends with a CTA barrier (every thread reads
-    blocks others wrote)."""
-    KB: gl.constexpr = BK // 32
-    STEPS: gl.constexpr = (K + BK - 1) // BK
-    SP: gl.constexpr = triton.next_power_of_2(STEPS)
-    QL: gl.constexpr = gl.BlockedLayout([1, 1, 4, 2, 4], [32 // KB, KB, 1, 1, 1], [num_warps, 1, 1, 1, 1],
-                                        [4, 3, 2, 1, 0])
-    L2q: gl.constexpr = gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, QL)))  # [SP, KB]
-    step = gl.arange(0, SP, layout=gl.SliceLayout(1, L2q))
-    kb = gl.arange(0, KB, layout=gl.SliceLayout(0, L2q))
-    first = gl.minimum(step * KB, (K - BK) // 32)  # the step's first block (_tile_start)
-    blk = gl.expand_dims(first, 1) + gl.expand_dims(kb, 0)  # [SP, KB]
-    fresh = blk >= gl.expand_dims(step * KB, 1)  # not read by an earlier step
-    live = gl.expand_dims(step < STEPS, 1) & (blk < K // 32)
-    w = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, QL)))))
-    h = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, QL)))))
-    b = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, QL)))))
-    blk5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(blk, 2), 3), 4)
-    w5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(w, 0), 1), 3), 4)
-    h5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(h, 0), 1), 2), 4)
-    b5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(b, 0), 1), 2), 3)
-    # k = 32 blk + 8 w + 4 h + b: word w of plane h (high bytes) / 2 + h (low bytes) holds bytes b
-    k = blk5 * 32 + w5 * 8 + h5 * 4 + b5
-    live5 = gl.expand_dims(gl.expand_dims(gl.expand_dims(live, 2), 3), 4)
-    v = gl.load(x_row + k, mask=live5, other=0.0).to(gl.float32)
-    av = gl.abs(v)
-    amax = gl.max(gl.max(gl.max(av, axis=4), axis=3), axis=2)  # [SP, KB]
-    e = gl.maximum((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF, 20)  # as moe_decode._quantize_store
-    factor = ((267 - e) << 23).to(gl.float32, bitcast=True)
-    back = ((e - 14) << 23).to(gl.float32, bitcast=True)
-    finite = gl.sum(gl.sum(gl.sum((av < float("inf")).to(gl.int32), axis=4), axis=3), axis=2) == 32
-    back = gl.where(finite, back, float("nan"))
-    back = gl.where(fresh, back, 0.0)
-    scaled = v * gl.expand_dims(gl.expand_dims(gl.expand_dims(factor, 2), 3), 4)
-    q = (scaled + gl.where(scaled < 0, -0.5, 0.5)).to(gl.int32)
-    q = gl.where(scaled == scaled, q, 0)
-    hi = gl.sum(((q >> 8) & 0xFF) << (8 * b5), axis=4)  # [SP, KB, 4 (w), 2 (h)]
-    lo = gl.sum((q & 0xFF) << (8 * b5), axis=4)
-    qsum = gl.sum(gl.sum(gl.sum(q, axis=4), axis=3), axis=2)  # [SP, KB]
-    pl: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [1, 0])  # per step [KB, 4]
-    fl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    hi0, hi1 = gl.split(hi)
-    lo0, lo1 = gl.split(lo)
-    planes = (gl.allocate_shared_memory(gl.int32, [SP * KB, 4], pl, gl.reshape(hi0, [SP * KB, 4])),
-              gl.allocate_shared_memory(gl.int32, [SP * KB, 4], pl, gl.reshape(hi1, [SP * KB, 4])),
-              gl.allocate_shared_memory(gl.int32, [SP * KB, 4], pl, gl.reshape(lo0, [SP * KB, 4])),
-              gl.allocate_shared_memory(gl.int32, [SP * KB, 4], pl, gl.reshape(lo1, [SP * KB, 4])))
-    facts = (gl.allocate_shared_memory(gl.float32, [SP * KB], fl, gl.reshape(back, [SP * KB])),
-             gl.allocate_shared_memory(gl.float32, [SP * KB], fl,
-                                       gl.reshape((-qsum * 24).to(gl.float32, bitcast=True), [SP * KB])))
-    gl.thread_barrier()
-    return planes, facts
-
-
-@gluon.jit
-def _load_x_smem(planes, facts, i, BK: gl.constexpr, L2: gl.constexpr, x_layout: gl.constexpr):
-    """_load_x for K step i from _quantize_x_to_smem's buffers."""
-    kl: gl.constexpr = gl.SliceLayout(0, L2)
-    KB: gl.constexpr = BK // 32
-    h0 = planes[0].slice(i * KB, KB).load(x_layout)
-    h1 = planes[1].slice(i * KB, KB).load(x_layout)
-    l0 = planes[2].slice(i * KB, KB).load(x_layout)
-    l1 = planes[3].slice(i * KB, KB).load(x_layout)
-    xs = facts[0].slice(i * KB, KB).load(kl)
-    xc = facts[1].slice(i * KB, KB).load(kl).to(gl.int32, bitcast=True)
-    return (_planes(h0, L2), _planes(h1, L2), _planes(l0, L2), _planes(l1, L2),
-            gl.expand_dims(xs, 0), gl.expand_dims(xc, 0))
-
-
-@gluon.jit
 def _load_scales(s_rows, k0, K: gl.constexpr, BK: gl.constexpr, kb_off):
     """E8M0 bytes [BN, KB] of the K tile of step k0 (s_rows: [BN, 1] row pointers)."""
     return gl.load(s_rows + gl.expand_dims(_tile_start(k0, K, BK) // 32 + kb_off, 0))
@@ -374,8 +299,7 @@ def _decode_kernel(
     K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
     ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, SMEM: gl.constexpr, QUANT_X: gl.constexpr = False, ZERO_INVALID: gl.constexpr = False,
-    num_warps: gl.constexpr = 4,
+    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
     Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
@@ -440,8 +364,6 @@ def _decode_kernel(
             a_row = pair // TOP_K
         else:
             a_row = pair
-        if QUANT_X:  # xq_ptr is x itself (bf16 [T, K]): each program quantizes its token's row
-            planes, facts = _quantize_x_to_smem(xq_ptr + a_row.to(gl.int64) * K, K, BLOCK_K, num_warps)
         xq_row = xq_ptr + a_row.to(gl.int64) * (K // 2)
         xs_row = xs_ptr + a_row.to(gl.int64) * (K // 16)
         if ROUTER_WEIGHT:
@@ -455,10 +377,7 @@ def _decode_kernel(
             if i + P < STEPS:
                 gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + P, K, BLOCK_K, GATED,
                                                SMEM)
-            if QUANT_X:
-                x = _load_x_smem(planes, facts, i, BLOCK_K, L2, XL)
-            else:
-                x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
+            x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
             if SMEM:
                 _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED)
                 async_copy.wait_group(D)
@@ -483,26 +402,18 @@ def _decode_kernel(
             if ROUTER_WEIGHT:
                 v = v * rw
             gl.store(out_ptr + pair.to(gl.int64) * OUT_N + rows, v.to(out_ptr.dtype.element_ty))
-    else:
-        if PDL:
-            _gdc_wait()
-            _gdc_launch_dependents()
-        if ZERO_INVALID and not GATED:  # a pair without an expert adds zeros (combine_pairs reads every row)
-            zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-            cols = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=zl)
-            gl.store(out_ptr + pair.to(gl.int64) * OUT_N + cols, gl.zeros([BLOCK_N], out_ptr.dtype.element_ty, zl))
+    elif PDL:
+        _gdc_wait()
+        _gdc_launch_dependents()
 
 
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
                      activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
                      block_n: int, block_k: int, num_warps: int, stages: int = 3,
-                     normal_scales: bool = False, smem: bool = False, x: torch.Tensor | None = None,
-                     zero_invalid: bool = False):
+                     normal_scales: bool = False, smem: bool = False):
     """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
     uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
-    else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten, or
-    (zero_invalid, no activation) zero. x (gather, with an activation; xq and xs then None): the bf16
-    activations [T, K] themselves, which every program quantizes into shared memory (no prep launch)."""
+    else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
     E, NW, words = w.shape
     K = words * 8
     S = pair_ids.shape[0]
@@ -512,9 +423,7 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
                          f"{out_features} outputs")
     if stages < 2 or (not smem and stages > 3):
         raise ValueError(f"decode_gemm_sm90: stages must be 2 or 3 (or more with smem), got {stages}")
-    if x is not None and not (gather and activation):
-        raise ValueError("decode_gemm_sm90: x (quantized in the kernel) is for the gate/up GEMM (gather, activation)")
-    dev = w.device
+    dev = xq.device
     if activation:
         out = torch.empty(S, 4, out_features // 8, dtype=torch.int32, device=dev)
         out_s = torch.empty(S, 2, out_features // 32, dtype=torch.float32, device=dev)
@@ -526,13 +435,12 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
     dummy = pair_ids
     opts = pdl.launch_options(dev)
     _decode_kernel[(S, out_features // block_n)](
-        x if x is not None else xq, xs if xs is not None else dummy, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy, pair_ids,
+        xq, xs, w, scale, bias if bias is not None else dummy, out, out_s if out_s is not None else dummy, pair_ids,
         router_weights if router_weights is not None else dummy,
         S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, TOP_K=top_k, GATHER=gather, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem,
-        QUANT_X=x is not None, ZERO_INVALID=zero_invalid,
         num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
     )
     return (out, out_s) if activation else out

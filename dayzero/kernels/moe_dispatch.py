@@ -204,18 +204,13 @@ def split_blocks(d: Dispatch, big: int, tail_max: int) -> tuple[BlockList, Block
 
 @triton.jit
 def _combine_kernel(y_ptr, pair_row_ptr, out_ptr, H, stride_y, stride_out,
-                    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False,
-                    PAIR_ROWS: tl.constexpr = False):
-    """PAIR_ROWS: row t * TOP_K + j holds pair (t, j) and every row is written (pair_row_ptr unused)."""
+                    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr = False):
     pdl.start(PDL)
     t = tl.program_id(0)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], tl.float32)
     for j in tl.static_range(TOP_K):
-        if PAIR_ROWS:
-            row = t * TOP_K + j
-        else:
-            row = tl.load(pair_row_ptr + t * TOP_K + j)
+        row = tl.load(pair_row_ptr + t * TOP_K + j)
         y = tl.load(y_ptr + row.to(tl.int64) * stride_y + h, mask=(h < H) & (row >= 0), other=0.0)
         acc += y.to(tl.float32)
     tl.store(out_ptr + t.to(tl.int64) * stride_out + h, acc.to(out_ptr.dtype.element_ty), mask=h < H)
@@ -231,20 +226,6 @@ def combine(y: torch.Tensor, d: Dispatch, num_tokens: int, out_dtype: torch.dtyp
     block_h = min(1024, triton.next_power_of_2(H))
     _combine_kernel[(num_tokens, triton.cdiv(H, block_h))](y, d.pair_row, out, H, y.stride(0), out.stride(0),
                                                             TOP_K=d.top_k, BLOCK_H=block_h,
-                                                            **pdl.launch_options(y.device))
-    return out
-
-
-def combine_pairs(y: torch.Tensor, top_k: int, num_tokens: int, out_dtype: torch.dtype) -> torch.Tensor:
-    """combine for rows in pair order, every one written (a pair without an expert holds zeros):
-    out[t] = sum over j of y[t * top_k + j], float32 in slot order. No dispatch needed."""
-    H = y.shape[1]
-    out = torch.empty(num_tokens, H, dtype=out_dtype, device=y.device)
-    if num_tokens == 0:
-        return out
-    block_h = min(1024, triton.next_power_of_2(H))
-    _combine_kernel[(num_tokens, triton.cdiv(H, block_h))](y, y, out, H, y.stride(0), out.stride(0), TOP_K=top_k,
-                                                            BLOCK_H=block_h, PAIR_ROWS=True,
                                                             **pdl.launch_options(y.device))
     return out
 

@@ -390,16 +390,14 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,gluon,tiles,smem,fuse", [
-    (1, (True, True), (32, 16, 512, 1024, 8, 8, 2, 3), (False, False), False),
-    (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0), (False, False), False),
-    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2), (False, False), False),
-    (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3), (False, False), False),
-    (1, (True, True), (32, 32, 256, 512, 8, 8, 3, 3), (True, True), False),  # the one-token default on sm_90
-    (8, (True, True), (32, 16, 256, 1024, 8, 8, 4, 4), (True, True), False),
-    (1, (True, True), (32, 32, 256, 512, 8, 8, 3, 3), (True, True), True),  # x quantized in the gate/up GEMM
-    (5, (True, True), (32, 32, 512, 512, 8, 4, 2, 3), (False, True), True)])
-def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, fuse, model_layers):  # noqa: F811
+@pytest.mark.parametrize("tokens,gluon,tiles,smem", [
+    (1, (True, True), (32, 16, 512, 1024, 8, 8, 2, 3), (False, False)),
+    (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0), (False, False)),
+    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2), (False, False)),
+    (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3), (False, False)),
+    (1, (True, True), (32, 32, 256, 512, 8, 8, 3, 3), (True, True)),  # the one-token default on sm_90
+    (8, (True, True), (32, 16, 256, 1024, 8, 8, 4, 4), (True, True))])
+def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, model_layers):  # noqa: F811
     """moe_decode_sm90's Gluon GEMMs (sm_90) at full model shapes, pair order: against the exact layer, the
     reference op and the Triton decode kernels on the same inputs (the same integer sums; only the float32
     order of the block sums may differ), with an invalid expert id in the routing."""
@@ -418,7 +416,7 @@ def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, fuse, model_
     n1, n2, k1, k2, w1, w2, s1, s2 = tiles
     early2 = s2 == 0
     cfg = DecodeConfig(1, n1, n2, k1, k2, w1, w2, stages1=s1, stages2=s2, pair_order=True, early2=early2,
-                       gluon1=gluon[0], gluon2=gluon[1], smem1=smem[0], smem2=smem[1], fuse_prep=fuse)
+                       gluon1=gluon[0], gluon2=gluon[1], smem1=smem[0], smem2=smem[1])
     out = _run(x, ids, w, experts, act, cfg)
     triton_cfg = DecodeConfig(1, 32, 32, 512, 512, 4, 4, stages1=3, stages2=3, pair_order=True)
     assert rel_err(out, _run(x, ids, w, experts, act, triton_cfg)) < 2e-3
