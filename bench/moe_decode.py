@@ -333,6 +333,10 @@ def gluon_variants(T: int, cfg) -> dict:
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
             "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
+    dflt = out["gluon both 32x256x8 smem s3 / 32x512x8 smem s3"]
+    out["gluon defaults, x rows by cp.async: gate/up"] = r(dflt, x_smem1=True)
+    out["gluon defaults, x rows by cp.async: down"] = r(dflt, x_smem2=True)
+    out["gluon defaults, x rows by cp.async: both"] = r(dflt, x_smem1=True, x_smem2=True)
     return out
 
 
