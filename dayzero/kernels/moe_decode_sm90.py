@@ -125,15 +125,11 @@ def _e8m0_factor(scale, NORMAL: gl.constexpr):
 @gluon.jit
 def _tile_dot(words, scale, tables, x, L2: gl.constexpr, NORMAL: gl.constexpr):
     """float32 [BN, KB]: each 32-value block's dot product of a weight tile (int32 words [BN, KB, 4], E8M0
-    bytes [BN, KB]) with the activation row x = (the four byte planes [KB, 4] each, block factors [KB],
-    offset corrections [KB] as int32), both in the tile's layouts."""
-    h0, h1, l0, l1, xs, xc = x  # planes already split: four [1, KB] each
+    bytes [BN, KB]) with the activation row x (_load_x: the four byte planes, the block factors and the
+    offset corrections as int32, [1, KB] each, in the tile's layout)."""
+    xh0, xh1, xl0, xl1, xs, xc = x  # each plane already split into its four words per block, [1, KB] each
     t0, t1, t2, t3 = tables
     w = _split4(words, L2)
-    xh0 = h0
-    xh1 = h1
-    xl0 = l0
-    xl1 = l1
     lo0, hi0 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[0], t0, t1, t2, t3],
                                          dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
     lo1, hi1 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[1], t0, t1, t2, t3],
