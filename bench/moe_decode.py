@@ -337,6 +337,12 @@ def gluon_variants(T: int, cfg) -> dict:
     out["gluon defaults, x rows by cp.async: gate/up"] = r(dflt, x_smem1=True)
     out["gluon defaults, x rows by cp.async: down"] = r(dflt, x_smem2=True)
     out["gluon defaults, x rows by cp.async: both"] = r(dflt, x_smem1=True, x_smem2=True)
+    out["gluon defaults, late refill"] = r(dflt, late1=True, late2=True)
+    out["gluon defaults, late refill, 4 slots"] = r(dflt, late1=True, late2=True, stages1=4, stages2=4)
+    out["gluon defaults, late refill, x rows by cp.async"] = r(dflt, late1=True, late2=True, x_smem1=True,
+                                                               x_smem2=True)
+    out["gluon defaults, late refill, x rows by cp.async, 4 slots"] = r(
+        dflt, late1=True, late2=True, x_smem1=True, x_smem2=True, stages1=4, stages2=4)
     return out
 
 
