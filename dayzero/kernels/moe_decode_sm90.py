@@ -51,8 +51,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from dayzero.kernels import pdl
-from dayzero.kernels.moe_decode import _E2M1_BYTES_ASM  # eight codes -> two words of offset bytes
-from dayzero.kernels.moe_gemm import interpreting
+# elementwise helpers shared with the Triton kernels (Gluon calls triton.jit functions that need no layout)
+from dayzero.kernels.moe_decode import _E2M1_BYTES_ASM, _dp4a, _e8m0_factor, _tile_start
+from dayzero.kernels.moe_gemm import _activate, interpreting
 
 GLUON_ENV = "DAYZERO_MOE_DECODE_GLUON"  # "0": moe_decode's Triton kernel on sm_90 too
 
@@ -82,22 +83,6 @@ def tile_fits(block_n: int, block_k: int, num_warps: int) -> bool:
 
 
 @gluon.jit
-def _gdc_wait():
-    gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _gdc_launch_dependents():
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _dp4a(a, b, c, ASM: gl.constexpr):
-    return gl.inline_asm_elementwise(ASM, "=r,r,r,r", [a, b, c], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
 def _split4(v, layout: gl.constexpr):
     """[..., 4] -> its four slices along the last dimension (held by one thread), each converted to
     `layout` (the same registers: the conversion moves no data)."""
@@ -113,59 +98,27 @@ def _split4(v, layout: gl.constexpr):
 
 
 @gluon.jit
-def _e8m0_factor(scale, NORMAL: gl.constexpr):
-    s = scale.to(gl.int32)
-    if NORMAL:
-        return (s << 23).to(gl.float32, bitcast=True)
-    bits = gl.where(s == 0, 0x00400000, s << 23)
-    bits = gl.where(s == 255, 0x7FC00000, bits)
-    return bits.to(gl.float32, bitcast=True)
-
-
-@gluon.jit
 def _tile_dot(words, scale, tables, x, L2: gl.constexpr, NORMAL: gl.constexpr):
     """float32 [BN, KB]: each 32-value block's dot product of a weight tile (int32 words [BN, KB, 4], E8M0
-    bytes [BN, KB]) with the activation row x (_load_x: the four byte planes, the block factors and the
-    offset corrections as int32, [1, KB] each, in the tile's layout)."""
-    xh0, xh1, xl0, xl1, xs, xc = x  # each plane already split into its four words per block, [1, KB] each
+    bytes [BN, KB]) with the activation row x (_load_x: the four byte planes, each split into its four
+    words per block, the block factors and the offset corrections as int32, [1, KB] each, in the tile's
+    layout): moe_decode._block_dot's dp4a chains."""
+    xh0, xh1, xl0, xl1, xs, xc = x
     t0, t1, t2, t3 = tables
-    w = _split4(words, L2)
-    lo0, hi0 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[0], t0, t1, t2, t3],
-                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    lo1, hi1 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[1], t0, t1, t2, t3],
-                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    lo2, hi2 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[2], t0, t1, t2, t3],
-                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    lo3, hi3 = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [w[3], t0, t1, t2, t3],
-                                         dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    SU: gl.constexpr = "dp4a.u32.s32 $0, $1, $2, $3;"
-    UU: gl.constexpr = "dp4a.u32.u32 $0, $1, $2, $3;"
-    isum = _dp4a(lo0, xh0[0], gl.zeros_like(lo0), SU)
-    isum = _dp4a(hi0, xh1[0], isum, SU)
-    isum = _dp4a(lo1, xh0[1], isum, SU)
-    isum = _dp4a(hi1, xh1[1], isum, SU)
-    isum = _dp4a(lo2, xh0[2], isum, SU)
-    isum = _dp4a(hi2, xh1[2], isum, SU)
-    isum = _dp4a(lo3, xh0[3], isum, SU)
-    isum = _dp4a(hi3, xh1[3], isum, SU)
+    lo, hi = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [words, t0, t1, t2, t3],
+                                       dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    wl = _split4(lo, L2)
+    wh = _split4(hi, L2)
+    isum = gl.zeros_like(wl[0])
+    for j in gl.static_range(4):
+        isum = _dp4a(wl[j], xh0[j], isum, "dp4a.u32.s32 $0, $1, $2, $3;")
+        isum = _dp4a(wh[j], xh1[j], isum, "dp4a.u32.s32 $0, $1, $2, $3;")
     isum = isum * 256 + xc
-    isum = _dp4a(lo0, xl0[0], isum, UU)
-    isum = _dp4a(hi0, xl1[0], isum, UU)
-    isum = _dp4a(lo1, xl0[1], isum, UU)
-    isum = _dp4a(hi1, xl1[1], isum, UU)
-    isum = _dp4a(lo2, xl0[2], isum, UU)
-    isum = _dp4a(hi2, xl1[2], isum, UU)
-    isum = _dp4a(lo3, xl0[3], isum, UU)
-    isum = _dp4a(hi3, xl1[3], isum, UU)
+    for j in gl.static_range(4):
+        isum = _dp4a(wl[j], xl0[j], isum, "dp4a.u32.u32 $0, $1, $2, $3;")
+        isum = _dp4a(wh[j], xl1[j], isum, "dp4a.u32.u32 $0, $1, $2, $3;")
     # |isum| <= 12 * 32 * 2^14 < 2^24: exact in float32, as are its products with the two powers of two
     return (isum.to(gl.float32) * xs) * _e8m0_factor(scale, NORMAL)
-
-
-@gluon.jit
-def _tile_start(k0, K: gl.constexpr, BK: gl.constexpr):
-    """Where the K tile of step k0 is read from: k0, or K - BK for the last partial tile and for the
-    prefetches past the end (every load in bounds; the blocks read twice get activation factor 0)."""
-    return gl.minimum(k0, K - BK)
 
 
 @gluon.jit
@@ -323,21 +276,6 @@ def _load_scales(s_rows, k0, K: gl.constexpr, BK: gl.constexpr, kb_off):
 
 
 @gluon.jit
-def _activate(gate, up, alpha, limit, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr):
-    """moe_gemm._activate: SwiGLU (optionally limited) or gpt-oss's clamped variant."""
-    if ACTIVATION == 1:
-        if HAS_LIMIT:
-            gate = gl.minimum(gate, limit)
-            up = gl.minimum(gl.maximum(up, -limit), limit)
-        out = gate / (1.0 + gl.exp(-gate)) * up
-    else:
-        gate = gl.minimum(gate, limit)
-        up = gl.minimum(gl.maximum(up, -limit), limit)
-        out = gate / (1.0 + gl.exp(-(alpha * gate))) * (up + 1.0)
-    return out
-
-
-@gluon.jit
 def _quantize_store(v, q_row, s_row, n0, N: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
     """moe_decode._quantize_store in Gluon: float32 v [BN] (columns n0.. of one row, BN % 32 == 0) per 32
     values into the xq/xs layout; q_row/s_row point at the row."""
@@ -443,9 +381,7 @@ def _decode_kernel(
             acc = gl.where(first, gl.expand_dims(gl.load(b_row + rows).to(gl.float32), 1), acc)
             if GATED:
                 up_acc = gl.where(first, gl.expand_dims(gl.load(b_row + OUT_N + rows).to(gl.float32), 1), up_acc)
-        if PDL:
-            _gdc_wait()
-            _gdc_launch_dependents()
+        pdl.start(PDL)
         if GATHER:
             a_row = pair // TOP_K
         else:
@@ -503,9 +439,8 @@ def _decode_kernel(
             if ROUTER_WEIGHT:
                 v = v * rw
             gl.store(out_ptr + pair.to(gl.int64) * OUT_N + rows, v.to(out_ptr.dtype.element_ty))
-    elif PDL:
-        _gdc_wait()
-        _gdc_launch_dependents()
+    else:  # no expert: nothing to compute
+        pdl.start(PDL)
 
 
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
