@@ -29,7 +29,7 @@ from tools.sass_moe_mma import tools_bin  # noqa: E402
 
 
 def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], stages: int, smem: bool,
-                 normal: bool, x_smem: bool = False, late: bool = False):
+                 normal: bool):
     """The Gluon decode GEMM as decode_gemm_sm90 launches it (biases, gpt-oss's clamped activation when
     gated, PDL) for sm_90."""
     bn, bk, warps = tile
@@ -40,7 +40,7 @@ def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], st
     sig = dict(args)
     consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, TOP_K=4, GATHER=gated,
                   ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, BLOCK_N=bn,
-                  BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), STAGES=stages, NORMAL=normal, PDL=True, SMEM=smem, X_SMEM=x_smem, LATE=late,
+                  BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), STAGES=stages, NORMAL=normal, PDL=True, SMEM=smem,
                   num_warps=warps)
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
@@ -81,12 +81,10 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=3, help="n: n - 1 weight tiles in flight")
     ap.add_argument("--smem", action="store_true", help="tiles through a ring of shared memory (cp.async)")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
-    ap.add_argument("--x-smem", action="store_true", help="the activation row by cp.async into shared memory (--smem)")
-    ap.add_argument("--late", action="store_true", help="refill a ring slot after the step's wait (--smem)")
     ap.add_argument("--dump", type=Path, help="write the SASS there")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
-    compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.smem, args.normal, args.x_smem, args.late)
+    compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.smem, args.normal)
     r = report(compiled, args.k, args.gated, tile, args.dump)
     per = {op: n / r["words"] for op, n in r["ops"].items()}
     print(f"shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B, "

@@ -96,12 +96,7 @@ class DecodeConfig:
     gluon1 / gluon2 (pair_order, no split): the gate/up / down GEMM runs moe_decode_sm90's Gluon kernel
     (sm_90 only; the caller checks moe_decode_sm90.available) with that GEMM's tile; its stages n >= 2
     keep n - 1 weight tiles in flight, the first n - 1 requested before the PDL wait: in registers, or with
-    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots. x_smem1 / x_smem2 (with the
-    ring): the GEMM's activation row is copied into shared memory once (cp.async, after the PDL wait)
-    instead of read from L1/L2 at each step. late1 / late2 (with the ring): each step waits for its tile,
-    then refills the slot the step before read, each slot its own allocation, so one CTA barrier per step
-    serves both hazards (Triton's barrier analysis puts two there otherwise). Both opt-in, compiled and
-    tested on the CPU (sm_90 SASS) but not yet run on a GPU (tenth session: no device time left)."""
+    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -120,10 +115,6 @@ class DecodeConfig:
     gluon2: bool = False
     smem1: bool = False
     smem2: bool = False
-    x_smem1: bool = False
-    x_smem2: bool = False
-    late1: bool = False
-    late2: bool = False
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -867,8 +858,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         hq, hs = decode_gemm_sm90(xq, xs, w13, s13, b13, pair_ids, top_k=topk_ids.shape[1], out_features=inter,
                                   gather=True, activation=act, alpha=alpha, limit=activation.limit,
                                   block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1,
-                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1,
-                                  x_smem=config.x_smem1, late=config.late1)
+                                  stages=config.stages1, normal_scales=normal_scales, smem=config.smem1)
     elif config.split_k1 > 1:
         part = decode_gemm(xq, xs, w13, s13, None, d, out_features=inter, gather=True, activation=act,
                            split_k=config.split_k1, **tiles1)
@@ -882,8 +872,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         y = decode_gemm_sm90(hq, hs, w2, s2, b2, pair_ids, top_k=topk_ids.shape[1], out_features=H, gather=False,
                              router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                              block_k=config.block_k2, num_warps=config.num_warps2, stages=config.stages2,
-                             normal_scales=normal_scales, smem=config.smem2, x_smem=config.x_smem2,
-                             late=config.late2)
+                             normal_scales=normal_scales, smem=config.smem2)
         return combine(y, d, T, x.dtype)
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,

@@ -146,51 +146,16 @@ def _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i, K: gl.constexpr, BK
 
 
 @gluon.jit
-def _ring(STAGES: gl.constexpr, BN: gl.constexpr, KB: gl.constexpr, layout: gl.constexpr):
-    """STAGES shared-memory tiles int32 [BN, KB, 4] (2 to 6), each its own allocation."""
-    gl.static_assert(STAGES >= 2 and STAGES <= 6, "the ring has 2 to 6 slots")
-    a = gl.allocate_shared_memory(gl.int32, [BN, KB, 4], layout)
-    b = gl.allocate_shared_memory(gl.int32, [BN, KB, 4], layout)
-    if STAGES == 2:
-        ring = (a, b)
-    else:
-        c = gl.allocate_shared_memory(gl.int32, [BN, KB, 4], layout)
-        if STAGES == 3:
-            ring = (a, b, c)
-        else:
-            d = gl.allocate_shared_memory(gl.int32, [BN, KB, 4], layout)
-            if STAGES == 4:
-                ring = (a, b, c, d)
-            else:
-                e = gl.allocate_shared_memory(gl.int32, [BN, KB, 4], layout)
-                if STAGES == 5:
-                    ring = (a, b, c, d, e)
-                else:
-                    ring = (a, b, c, d, e, gl.allocate_shared_memory(gl.int32, [BN, KB, 4], layout))
-    return ring
-
-
-@gluon.jit
-def _slot(ring, j: gl.constexpr, SPLIT: gl.constexpr):
-    """Slot j of a ring: one allocation of [STAGES, ...] (index), or SPLIT, a tuple of allocations."""
-    if SPLIT:
-        slot = ring[j]
-    else:
-        slot = ring.index(j)
-    return slot
-
-
-@gluon.jit
 def _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                GATED: gl.constexpr, SPLIT: gl.constexpr = False):
+                GATED: gl.constexpr):
     """Start the asynchronous copies (cp.async, 16 bytes per thread and chunk) of K tile i into ring slot
     i % STAGES, one group; past the last tile an empty group, so that the groups count the steps."""
     STEPS: gl.constexpr = (K + BK - 1) // BK
     if i < STEPS:
         word = gl.multiple_of(_tile_start(i * BK, K, BK) // 8, 4)
-        async_copy.async_copy_global_to_shared(_slot(g_smem, i % STAGES, SPLIT), g_ptrs + word)
+        async_copy.async_copy_global_to_shared(g_smem.index(i % STAGES), g_ptrs + word)
         if GATED:
-            async_copy.async_copy_global_to_shared(_slot(u_smem, i % STAGES, SPLIT), u_ptrs + word)
+            async_copy.async_copy_global_to_shared(u_smem.index(i % STAGES), u_ptrs + word)
     async_copy.commit_group()
 
 
@@ -220,53 +185,6 @@ def _load_x(xq_row, xs_row, k0, K: gl.constexpr, BK: gl.constexpr, x_layout: gl.
     kl: gl.constexpr = gl.SliceLayout(0, L2)
     return (_planes(h0, L2), _planes(h1, L2), _planes(l0, L2), _planes(l1, L2),
             gl.expand_dims(gl.convert_layout(xs, kl), 0), gl.expand_dims(gl.convert_layout(xc, kl), 0))
-
-
-@gluon.jit
-def _copy_x_rows(xq_row, xs_row, K: gl.constexpr, BK: gl.constexpr, num_warps: gl.constexpr):
-    """Start the cp.async copy (one group) of an activation row's words, factors and corrections into
-    shared memory arranged by K step: planes int32 [4][SP * KB, 4] and factors [2][SP * KB] (row
-    step * KB + kb holds block min(step * KB, (K - BK) / 32) + kb; SP the step count rounded up to a
-    power of two), so that every step reads an aligned slice."""
-    KB: gl.constexpr = BK // 32
-    STEPS: gl.constexpr = (K + BK - 1) // BK
-    SP: gl.constexpr = triton.next_power_of_2(STEPS)
-    R: gl.constexpr = SP * KB
-    CL: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [num_warps, 1], [1, 0])
-    FL: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    r = gl.arange(0, R, layout=gl.SliceLayout(1, CL))
-    blk = gl.minimum((r // KB) * KB, (K - BK) // 32) + r % KB
-    live = gl.expand_dims(r // KB < STEPS, 1)
-    word = gl.expand_dims(blk * 4, 1) + gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, CL)), 0)
-    pl: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [1, 0])
-    fl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-    planes = (gl.allocate_shared_memory(gl.int32, [R, 4], pl), gl.allocate_shared_memory(gl.int32, [R, 4], pl),
-              gl.allocate_shared_memory(gl.int32, [R, 4], pl), gl.allocate_shared_memory(gl.int32, [R, 4], pl))
-    for p in gl.static_range(4):
-        async_copy.async_copy_global_to_shared(planes[p], xq_row + p * (K // 8) + word, mask=live)
-    rf = gl.arange(0, R, layout=FL)
-    bf = gl.minimum((rf // KB) * KB, (K - BK) // 32) + rf % KB
-    facts = (gl.allocate_shared_memory(gl.float32, [R], fl), gl.allocate_shared_memory(gl.float32, [R], fl))
-    async_copy.async_copy_global_to_shared(facts[0], xs_row + bf, mask=rf // KB < STEPS)
-    async_copy.async_copy_global_to_shared(facts[1], xs_row + K // 32 + bf, mask=rf // KB < STEPS)
-    async_copy.commit_group()
-    return planes, facts
-
-
-@gluon.jit
-def _load_x_smem(planes, facts, i, K: gl.constexpr, BK: gl.constexpr, L2: gl.constexpr, x_layout: gl.constexpr):
-    """_load_x for K step i from _copy_x_rows' buffers (factor 0 for blocks an earlier step read)."""
-    KB: gl.constexpr = BK // 32
-    kl: gl.constexpr = gl.SliceLayout(0, L2)
-    h0 = planes[0].slice(i * KB, KB).load(x_layout)
-    h1 = planes[1].slice(i * KB, KB).load(x_layout)
-    l0 = planes[2].slice(i * KB, KB).load(x_layout)
-    l1 = planes[3].slice(i * KB, KB).load(x_layout)
-    kb = gl.arange(0, KB, layout=kl)
-    xs = gl.where(gl.minimum(i * KB, (K - BK) // 32) + kb >= i * KB, facts[0].slice(i * KB, KB).load(kl), 0.0)
-    xc = facts[1].slice(i * KB, KB).load(kl).to(gl.int32, bitcast=True)
-    return (_planes(h0, L2), _planes(h1, L2), _planes(l0, L2), _planes(l1, L2),
-            gl.expand_dims(xs, 0), gl.expand_dims(xc, 0))
 
 
 @gluon.jit
@@ -315,8 +233,7 @@ def _decode_kernel(
     K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
     ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, SMEM: gl.constexpr, X_SMEM: gl.constexpr = False, LATE: gl.constexpr = False,
-    num_warps: gl.constexpr = 4,
+    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
     Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
@@ -356,19 +273,12 @@ def _decode_kernel(
         P: gl.constexpr = 2 if D > 1 else 1
         if SMEM:  # words by cp.async into a ring of STAGES slots; scales in registers, P steps ahead
             lay_s: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])  # [BN, KB, 4]
-            if LATE:  # one allocation per slot: the barrier analysis then tells a slot being refilled from
-                # the one being read (the loop is unrolled, every slot a constant)
-                g_smem = _ring(STAGES, BLOCK_N, KB, lay_s)
-                u_smem = g_smem
-                if GATED:
-                    u_smem = _ring(STAGES, BLOCK_N, KB, lay_s)
-            else:
-                g_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
-                u_smem = g_smem
-                if GATED:
-                    u_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+            g_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+            u_smem = g_smem
+            if GATED:
+                u_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
             for i in gl.static_range(D):
-                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K, BLOCK_K, STAGES, GATED, LATE)
+                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K, BLOCK_K, STAGES, GATED)
         ga, gsa, ua, usa = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 0, K, BLOCK_K, GATED, SMEM)
         gb, gsb, ub, usb = ga, gsa, ua, usa
         if P > 1 and STEPS > 1:
@@ -388,8 +298,6 @@ def _decode_kernel(
             a_row = pair
         xq_row = xq_ptr + a_row.to(gl.int64) * (K // 2)
         xs_row = xs_ptr + a_row.to(gl.int64) * (K // 16)
-        if X_SMEM:  # the activation row by cp.async, one group after the first D weight tiles'
-            planes, facts = _copy_x_rows(xq_row, xs_row, K, BLOCK_K, num_warps)
         if ROUTER_WEIGHT:
             rw = gl.load(router_weight_ptr + pair).to(gl.float32)
         # the byte-permute tables of _E2M1_BYTES_ASM (24 + 2|v| and 24 - 2|v|); E >> 31 == 0 keeps them
@@ -401,26 +309,13 @@ def _decode_kernel(
             if i + P < STEPS:
                 gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + P, K, BLOCK_K, GATED,
                                                SMEM)
-            if not X_SMEM:
-                x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
-            if SMEM and LATE:  # wait, then refill the slot step i - 1 read: one CTA barrier serves both
-                if X_SMEM:  # groups: tiles 0..D-1, x, then one per step
-                    async_copy.wait_group(0 if i == 0 else D if i < D else D - 1)
-                else:
-                    async_copy.wait_group(D - 1)
-                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED, LATE)
-            elif SMEM:
-                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED, LATE)
-                if X_SMEM and i == 0:  # groups: tiles 0..D-1, x, tile D; x must be in
-                    async_copy.wait_group(1)
-                else:
-                    async_copy.wait_group(D)
+            x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
             if SMEM:
-                if X_SMEM:
-                    x = _load_x_smem(planes, facts, i, K, BLOCK_K, L2, XL)
-                ga = _slot(g_smem, i % STAGES, LATE).load(L3)
+                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED)
+                async_copy.wait_group(D)
+                ga = g_smem.index(i % STAGES).load(L3)
                 if GATED:
-                    ua = _slot(u_smem, i % STAGES, LATE).load(L3)
+                    ua = u_smem.index(i % STAGES).load(L3)
             acc += _tile_dot(ga, gsa, tables, x, L2, NORMAL)
             if GATED:
                 up_acc += _tile_dot(ua, usa, tables, x, L2, NORMAL)
@@ -446,7 +341,7 @@ def _decode_kernel(
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
                      activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
                      block_n: int, block_k: int, num_warps: int, stages: int = 3,
-                     normal_scales: bool = False, smem: bool = False, x_smem: bool = False, late: bool = False):
+                     normal_scales: bool = False, smem: bool = False):
     """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
     uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
     else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
@@ -476,7 +371,7 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
         S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, TOP_K=top_k, GATHER=gather, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem, X_SMEM=x_smem and smem, LATE=late and smem,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem,
         num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
     )
     return (out, out_s) if activation else out
