@@ -4,6 +4,7 @@ then whole layers, in CUDA graphs with the weights rotating over copies far larg
     python bench/moe_decode.py --precompile 12     # fill Triton's cache from 12 processes first
     python bench/moe_decode.py --json out.json     # time: gpt-oss-120b and DeepSeek-V4 at 1, 8, 32 tokens
     python bench/moe_decode.py --gluon-ab --tokens 1 --per-graph 1 8   # the Triton layer vs the Gluon GEMMs (sm_90)
+    python bench/moe_decode.py --gluon-tiles-ab --tokens 1 --per-graph 8   # the Gluon default vs other Gluon tiles
 
 Per model and token count: the gate/up GEMM (bias + activation + quantized h) and the down GEMM
 (bias x router weight) are timed alone for every (BLOCK_M, BLOCK_N, BLOCK_K, warps) in the grid, as %
@@ -333,20 +334,40 @@ def gluon_variants(T: int, cfg) -> dict:
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
             "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
-    dflt = out["gluon both 32x256x8 smem s3 / 32x512x8 smem s3"]
-    out["gluon defaults, x rows by cp.async: gate/up"] = r(dflt, x_smem1=True)
-    out["gluon defaults, x rows by cp.async: down"] = r(dflt, x_smem2=True)
-    out["gluon defaults, x rows by cp.async: both"] = r(dflt, x_smem1=True, x_smem2=True)
-    out["gluon defaults, late refill"] = r(dflt, late1=True, late2=True)
-    out["gluon defaults, late refill, 4 slots"] = r(dflt, late1=True, late2=True, stages1=4, stages2=4)
-    out["gluon defaults, late refill, x rows by cp.async"] = r(dflt, late1=True, late2=True, x_smem1=True,
-                                                               x_smem2=True)
-    out["gluon defaults, late refill, x rows by cp.async, 4 slots"] = r(
-        dflt, late1=True, late2=True, x_smem1=True, x_smem2=True, stages1=4, stages2=4)
     return out
 
 
-VARIANT_SETS = {"gluon": gluon_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+def gluon_tiles_variants(T: int, cfg) -> dict:
+    """The one-token Gluon default (GLUON_ONE_TOKEN, "gluon default") against other Gluon tiles for one
+    GEMM at a time: 4-warp programs (smaller CTA barriers) and, for the down GEMM, 16 rows per program
+    (more programs per SM), each through a shared-memory ring of the given slots; "default" is the Triton layer."""
+    import dataclasses
+
+    from dayzero.kernels.moe_decode import GLUON_ONE_TOKEN
+    from dayzero.kernels.moe_decode_sm90 import tile_fits
+
+    r = dataclasses.replace
+    out = {"default": cfg}
+    if not cfg.pair_order:
+        return out
+    g1, g2 = GLUON_ONE_TOKEN
+    dflt = r(cfg, gluon1=True, gluon2=True, split_k1=1, split_k2=1, early1=False, early2=False,
+             block_n1=g1[0], block_k1=g1[1], num_warps1=g1[2], stages1=g1[3], smem1=g1[4],
+             block_n2=g2[0], block_k2=g2[1], num_warps2=g2[2], stages2=g2[3], smem2=g2[4])
+    out["gluon default"] = dflt
+    for bn, bk, w, st in ((32, 256, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3), (32, 256, 8, 4), (32, 128, 4, 3)):
+        if tile_fits(bn, bk, w):  # (h is quantized per 32 outputs: 32 rows at least)
+            out[f"gluon gate/up {bn}x{bk}x{w} smem s{st}"] = r(dflt, block_n1=bn, block_k1=bk, num_warps1=w,
+                                                              stages1=st)
+    for bn, bk, w, st in ((16, 512, 4, 3), (16, 256, 4, 3), (16, 256, 4, 4), (16, 1024, 8, 3), (32, 512, 4, 3),
+                          (16, 512, 8, 3)):
+        if tile_fits(bn, bk, w):
+            out[f"gluon down {bn}x{bk}x{w} smem s{st}"] = r(dflt, block_n2=bn, block_k2=bk, num_warps2=w,
+                                                           stages2=st)
+    return out
+
+
+VARIANT_SETS = {"gluon": gluon_variants, "gluon_tiles": gluon_tiles_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -564,6 +585,8 @@ def main() -> None:
                     help="only the default layer against plain K loops (stages 1) for either GEMM, several tiles")
     ap.add_argument("--gluon-ab", action="store_true",
                     help="the default layer against GEMMs run by the Gluon kernel (moe_decode_sm90)")
+    ap.add_argument("--gluon-tiles-ab", action="store_true",
+                    help="the one-token Gluon default against other Gluon tiles (16 and 8 rows, 4 warps) per GEMM")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -596,8 +619,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.gluon_ab or args.old):
-            which = ("gluon" if args.gluon_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.gluon_ab or args.gluon_tiles_ab or args.old):
+            which = ("gluon" if args.gluon_ab else "gluon_tiles" if args.gluon_tiles_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load
