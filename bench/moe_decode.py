@@ -334,6 +334,8 @@ def gluon_variants(T: int, cfg) -> dict:
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
             "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
+    out["gluon one launch (fused) 32x256x8 smem s3 / 32x512x8 smem s3"] = r(
+        out["gluon both 32x256x8 smem s3 / 32x512x8 smem s3"], fused=True)
     return out
 
 
@@ -355,6 +357,7 @@ def gluon_tiles_variants(T: int, cfg) -> dict:
              block_n1=g1[0], block_k1=g1[1], num_warps1=g1[2], stages1=g1[3], smem1=g1[4],
              block_n2=g2[0], block_k2=g2[1], num_warps2=g2[2], stages2=g2[3], smem2=g2[4])
     out["gluon default"] = dflt
+    out["gluon default, one launch (fused)"] = r(dflt, fused=True)
     for bn, bk, w, st in ((32, 256, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3), (32, 256, 8, 4), (32, 128, 4, 3)):
         if tile_fits(bn, bk, w):  # (h is quantized per 32 outputs: 32 rows at least)
             out[f"gluon gate/up {bn}x{bk}x{w} smem s{st}"] = r(dflt, block_n1=bn, block_k1=bk, num_warps1=w,
@@ -428,8 +431,10 @@ def parts_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph
     """The default decode layer against its launches alone and in partial chains (prep, gate/up GEMM, down
     GEMM, combine; inputs made beforehand for every weight copy), all timed in turn: what each launch
     costs inside a graph of per_graph layers, and what the chain adds to the sum of its parts (the waits
-    of each launch for all programs of the one before). Split-K configs are not covered."""
+    of each launch for all programs of the one before). Split-K configs are not covered; on sm_90 the
+    GEMMs are the Gluon kernels where the default config takes them."""
     from dayzero.kernels import moe_decode as md
+    from dayzero.kernels.moe_decode_sm90 import available, decode_gemm_sm90
     from dayzero.kernels.moe_dispatch import combine
     from dayzero.kernels.moe_gemm import kernel_activation
     from dayzero.kernels.moe_mxfp4 import scale_facts
@@ -447,7 +452,7 @@ def parts_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph
         rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1).contiguous().view(-1)
         distinct = int(torch.unique(ids).numel())
         n1, n2 = distinct * mx(2 * I, H), distinct * mx(H, I)
-        cfg = md.choose_decode_config(T, T * k, E, H, I)
+        cfg = md.choose_decode_config(T, T * k, E, H, I, gluon=available(x.device))
         if cfg.split_k1 > 1 or cfg.split_k2 > 1:
             raise SystemExit("--parts-ab: split-K configs are not covered")
         pair_ids = ids.view(-1) if cfg.pair_order else None
@@ -457,6 +462,11 @@ def parts_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph
 
         def gate_up(s, d, xq, xs):
             w13, s13, _, _ = words(sets[s])
+            if cfg.gluon1:
+                return decode_gemm_sm90(xq, xs, w13, s13, sets[s].b13, pair_ids, top_k=k, out_features=I,
+                                        gather=True, activation=kact, alpha=alpha, limit=act.limit,
+                                        block_n=cfg.block_n1, block_k=cfg.block_k1, num_warps=cfg.num_warps1,
+                                        stages=cfg.stages1, normal_scales=normal, smem=cfg.smem1)
             return md.decode_gemm(xq, xs, w13, s13, sets[s].b13, d, out_features=I, gather=True, activation=kact,
                                   alpha=alpha, limit=act.limit, block_n=cfg.block_n1, block_k=cfg.block_k1,
                                   num_warps=cfg.num_warps1, stages=cfg.stages1, pair_ids=pair_ids, early=cfg.early1,
@@ -464,6 +474,11 @@ def parts_ab(name: str, reps: int, copies: int, bw: float, rows: list, per_graph
 
         def down(s, d, hq, hs):
             _, _, w2, s2 = words(sets[s])
+            if cfg.gluon2:
+                return decode_gemm_sm90(hq, hs, w2, s2, sets[s].b2, pair_ids, top_k=k, out_features=H, gather=False,
+                                        router_weights=rw, block_n=cfg.block_n2, block_k=cfg.block_k2,
+                                        num_warps=cfg.num_warps2, stages=cfg.stages2, normal_scales=normal,
+                                        smem=cfg.smem2)
             return md.decode_gemm(hq.view(-1, I // 2), hs, w2, s2, sets[s].b2, d, out_features=H, gather=False,
                                   router_weights=rw, block_n=cfg.block_n2, block_k=cfg.block_k2,
                                   num_warps=cfg.num_warps2, stages=cfg.stages2, pair_ids=pair_ids, early=cfg.early2,
