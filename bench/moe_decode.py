@@ -334,8 +334,6 @@ def gluon_variants(T: int, cfg) -> dict:
         both = out[f"gluon down {down}"]
         out[f"gluon both {up} / {down}"] = r(both, **{f: getattr(out[f"gluon gate/up {up}"], f) for f in (
             "gluon1", "block_n1", "block_k1", "num_warps1", "stages1", "smem1", "split_k1", "early1")})
-    out["gluon one launch (fused) 32x256x8 smem s3 / 32x512x8 smem s3"] = r(
-        out["gluon both 32x256x8 smem s3 / 32x512x8 smem s3"], fused=True)
     return out
 
 
@@ -357,7 +355,6 @@ def gluon_tiles_variants(T: int, cfg) -> dict:
              block_n1=g1[0], block_k1=g1[1], num_warps1=g1[2], stages1=g1[3], smem1=g1[4],
              block_n2=g2[0], block_k2=g2[1], num_warps2=g2[2], stages2=g2[3], smem2=g2[4])
     out["gluon default"] = dflt
-    out["gluon default, one launch (fused)"] = r(dflt, fused=True)
     for bn, bk, w, st in ((32, 256, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3), (32, 256, 8, 4), (32, 128, 4, 3)):
         if tile_fits(bn, bk, w):  # (h is quantized per 32 outputs: 32 rows at least)
             out[f"gluon gate/up {bn}x{bk}x{w} smem s{st}"] = r(dflt, block_n1=bn, block_k1=bk, num_warps1=w,

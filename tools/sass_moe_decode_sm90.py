@@ -49,33 +49,6 @@ def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], st
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
-# --layer: (hidden, intermediate, top-k, activation (moe_gemm.kernel_activation), biases) of the models
-LAYERS = {"gpt-oss-120b": (2880, 2880, 4, 2, True), "deepseek-v4": (4096, 2048, 6, 1, False)}
-
-
-def compile_layer(model: str, tile1: tuple[int, int, int], tile2: tuple[int, int, int], stages: int, normal: bool):
-    """moe_decode_sm90._layer_kernel (the one-launch layer) as moe_layer_sm90 launches it, for sm_90."""
-    H, I, k, act, bias = LAYERS[model]
-    ptrs = [("x_ptr", "*bf16"), ("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w13_ptr", "*i32"), ("s13_ptr", "*u8"),
-            ("b13_ptr", "*bf16"), ("w2_ptr", "*i32"), ("s2_ptr", "*u8"), ("b2_ptr", "*bf16"), ("hq_ptr", "*i32"),
-            ("hs_ptr", "*fp32"), ("y_ptr", "*bf16"), ("out_ptr", "*bf16"), ("ids_ptr", "*i32"),
-            ("router_weight_ptr", "*fp32"), ("flags_ptr", "*i32")]
-    sig = dict(ptrs)
-    sig.update({"T": "i32", "E": "i32", "stride_b13": "i32", "stride_b2": "i32", "alpha": "fp32", "limit": "fp32"})
-    bq = 256
-    while H % bq:
-        bq //= 2
-    consts = dict(H=H, I=I, TOP_K=k, ACTIVATION=act, HAS_LIMIT=act == 2, HAS_BIAS=bias, BQ=bq, N1=tile1[0],
-                  K1=min(tile1[1], 1 << (H.bit_length() - 1)), ST1=stages, N2=tile2[0],
-                  K2=min(tile2[1], 1 << (I.bit_length() - 1)), ST2=stages, BLOCK_H=triton.next_power_of_2(H),
-                  NORMAL=normal, PDL=True, num_warps=tile1[2])
-    sig.update({name: "constexpr" for name in consts})
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, _ in ptrs}
-    src = GluonASTSource(fn=moe_decode_sm90._layer_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=tile1[2]))
-
-
 def report(compiled, k: int, gated: bool, tile: tuple[int, int, int], dump: Path | None = None) -> dict:
     bn, bk, warps = tile
     bk = min(bk, 1 << (k.bit_length() - 1))
@@ -109,18 +82,8 @@ def main() -> None:
     ap.add_argument("--smem", action="store_true", help="tiles through a ring of shared memory (cp.async)")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
     ap.add_argument("--dump", type=Path, help="write the SASS there")
-    ap.add_argument("--layer", choices=sorted(LAYERS),
-                    help="instead: the one-launch layer of that model (gate/up --tile, down --tile2, --stages)")
-    ap.add_argument("--tile2", default="32x512x8", help="the down GEMM's tile with --layer")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
-    if args.layer:
-        compiled = compile_layer(args.layer, tile, tuple(int(v) for v in args.tile2.split("x")), args.stages,
-                                 args.normal)
-        r = report(compiled, args.k, args.gated, tile, args.dump)
-        print(f"shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B, "
-              f"CTA barriers {r['ops'].get('BAR', 0)}; {r['total']} instructions")
-        return
     compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.smem, args.normal)
     r = report(compiled, args.k, args.gated, tile, args.dump)
     per = {op: n / r["words"] for op, n in r["ops"].items()}

@@ -96,11 +96,7 @@ class DecodeConfig:
     gluon1 / gluon2 (pair_order, no split): the gate/up / down GEMM runs moe_decode_sm90's Gluon kernel
     (sm_90 only; the caller checks moe_decode_sm90.available) with that GEMM's tile; its stages n >= 2
     keep n - 1 weight tiles in flight, the first n - 1 requested before the PDL wait: in registers, or with
-    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots.
-
-    fused (gluon1 and gluon2 through the ring, the same warp count): the whole layer in one launch,
-    moe_decode_sm90.moe_layer_sm90 (x quantized, both GEMMs and the sum over k slots by programs of one
-    grid that wait on counters for the programs they depend on), instead of prep, two GEMMs and combine."""
+    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -119,7 +115,6 @@ class DecodeConfig:
     gluon2: bool = False
     smem1: bool = False
     smem2: bool = False
-    fused: bool = False
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -133,10 +128,6 @@ class DecodeConfig:
                 raise ValueError("DecodeConfig: a Gluon GEMM (gluon1/gluon2) needs pair_order, no split K, "
                                  f"stages >= 2 and no early flag, got pair_order {self.pair_order}, split {split}, "
                                  f"stages {stages}, early {early}")
-        if self.fused and not (self.gluon1 and self.gluon2 and self.smem1 and self.smem2
-                               and self.num_warps1 == self.num_warps2):
-            raise ValueError("DecodeConfig: fused needs both GEMMs in Gluon through the shared-memory ring "
-                             f"(gluon1/2, smem1/2) with one warp count, got {self}")
         if (self.early1 and self.stages1) or (self.early2 and self.stages2):
             raise ValueError("DecodeConfig: early1/early2 load the hand prefetch's tiles early: they need stages 0, "
                              f"got stages {self.stages1}, {self.stages2}")
@@ -846,14 +837,6 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     T, H = x.shape
     E = w13.shape[0]
     pair_ids = None
-    if config.fused:
-        from dayzero.kernels.moe_decode_sm90 import moe_layer_sm90
-
-        act, alpha = kernel_activation(activation)
-        return moe_layer_sm90(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, inter=inter, activation=act,
-                              alpha=alpha, limit=activation.limit, normal_scales=normal_scales,
-                              tiles1=(config.block_n1, config.block_k1, config.num_warps1, config.stages1),
-                              tiles2=(config.block_n2, config.block_k2, config.num_warps2, config.stages2))
     if config.pair_order:
         if topk_ids.numel() > PREP_MAX_PAIRS:
             raise ValueError(f"moe_layer_decode: pair_order needs at most {PREP_MAX_PAIRS} pairs, got "

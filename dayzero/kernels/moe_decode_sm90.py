@@ -226,57 +226,18 @@ def _quantize_store(v, q_row, s_row, n0, N: gl.constexpr, BN: gl.constexpr, num_
     gl.store(s_row + N // 32 + blk, (-qsum * 24).to(gl.float32, bitcast=True))
 
 
-# Waits and signals between the programs of _layer_kernel. A consumer's threads poll the counter with
-# relaxed GPU-scope loads (no acquire: on sm_90 every acquire load also invalidates the SM's L1, where the
-# co-resident programs keep their activation rows) and issue the loads of the data only after the loop has
-# seen the count, from L2 (nothing on the SM has read those lines earlier in the launch). A producer's CTA
-# synchronizes after its stores and one thread adds 1 with release semantics (membar, then the atomic), as
-# CUDA's grid synchronization does.
-_WAIT_ASM = gl.constexpr("""{
-.reg .pred p;
-.reg .u32 v;
-WAIT${:uid}:
-ld.relaxed.gpu.global.u32 v, [$1];
-setp.lt.u32 p, v, $2;
-@p bra WAIT${:uid};
-mov.u32 $0, 0;
-}""")
-
-
-@gluon.jit
-def _wait_at_least(counter_ptr, target, num_warps: gl.constexpr):
-    """Block until *counter_ptr >= target (every thread polls); returns 0 that depends on the wait (through
-    a CTA reduction), for offsets of the loads that must follow it."""
-    flat: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    lane = gl.arange(0, 32 * num_warps, layout=flat)
-    zero = gl.inline_asm_elementwise(_WAIT_ASM, "=r,l,r,~{memory}", [counter_ptr + lane * 0, lane * 0 + target],
-                                     dtype=gl.int32, is_pure=False, pack=1)
-    return gl.max(zero, axis=0)
-
-
-@gluon.jit
-def _signal(counter_ptr, num_warps: gl.constexpr):
-    """*counter_ptr += 1 once this program's earlier stores are visible to the whole GPU."""
-    gl.thread_barrier()
-    gl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def _pair_gemm(
-    pair, n0, xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, ids_ptr, router_weight_ptr,
-    E, stride_be, alpha, limit, wait_ptr, wait_target, done_ptr,
+@gluon.jit(do_not_specialize=["S", "E", "stride_be"])
+def _decode_kernel(
+    xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, ids_ptr, router_weight_ptr,
+    S, E, stride_be, alpha, limit,
     K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
     ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, SMEM: gl.constexpr, FUSED: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """Outputs n0..n0+BLOCK_N of pair `pair`, expert ids_ptr[pair] (outside [0, E): nothing).
+    """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
     Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
-    GATHER: the activation row is the pair's token (x), else the pair's own row (h).
-    Standalone (FUSED False): the first weight tiles are requested, then pdl.start(PDL). FUSED (a role of
-    _layer_kernel, which has passed its PDL wait): the first tiles are requested, then every thread waits
-    until wait_ptr holds at least wait_target (the activation row is written), and at the end the
-    program adds 1 to done_ptr once its outputs are visible (also when there is no expert)."""
+    GATHER: the activation row is the pair's token (x), else the pair's own row (h)."""
     GATED: gl.constexpr = ACTIVATION != 0
     KB: gl.constexpr = BLOCK_K // 32
     STEPS: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
@@ -285,9 +246,9 @@ def _pair_gemm(
     XL: gl.constexpr = gl.SliceLayout(0, L3)  # [KB, 4]
     NL: gl.constexpr = gl.SliceLayout(1, L2)  # [BN]
     KL: gl.constexpr = gl.SliceLayout(0, L2)  # [KB]
-    # the router's topk id: standalone, written two launches back (loaded before the PDL wait); fused,
-    # after the layer kernel's wait
-    expert_id = gl.load(ids_ptr + pair)
+    pair = gl.program_id(0)
+    n0 = gl.program_id(1) * BLOCK_N
+    expert_id = gl.load(ids_ptr + pair)  # the router's topk id: written two launches back
     if (expert_id >= 0) & (expert_id < E):
         expert = expert_id.to(gl.int32)
         rows = n0 + gl.arange(0, BLOCK_N, layout=NL)
@@ -330,15 +291,11 @@ def _pair_gemm(
             acc = gl.where(first, gl.expand_dims(gl.load(b_row + rows).to(gl.float32), 1), acc)
             if GATED:
                 up_acc = gl.where(first, gl.expand_dims(gl.load(b_row + OUT_N + rows).to(gl.float32), 1), up_acc)
-        if FUSED:  # a zero that depends on the wait: the activation loads cannot move above it
-            ready = _wait_at_least(wait_ptr, wait_target, num_warps)
-        else:
-            pdl.start(PDL)
-            ready = 0
+        pdl.start(PDL)
         if GATHER:
-            a_row = pair // TOP_K + ready
+            a_row = pair // TOP_K
         else:
-            a_row = pair + ready
+            a_row = pair
         xq_row = xq_ptr + a_row.to(gl.int64) * (K // 2)
         xs_row = xs_ptr + a_row.to(gl.int64) * (K // 16)
         if ROUTER_WEIGHT:
@@ -377,162 +334,8 @@ def _pair_gemm(
             if ROUTER_WEIGHT:
                 v = v * rw
             gl.store(out_ptr + pair.to(gl.int64) * OUT_N + rows, v.to(out_ptr.dtype.element_ty))
-    elif not FUSED:  # no expert: nothing to compute
+    else:  # no expert: nothing to compute
         pdl.start(PDL)
-    if FUSED:
-        _signal(done_ptr, num_warps)
-
-
-
-
-@gluon.jit(do_not_specialize=["S", "E", "stride_be"])
-def _decode_kernel(
-    xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, out_s_ptr, ids_ptr, router_weight_ptr,
-    S, E, stride_be, alpha, limit,
-    K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
-    ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
-):
-    """_pair_gemm for pair program_id(0) and outputs program_id(1) * BLOCK_N.., standalone."""
-    _pair_gemm(gl.program_id(0), gl.program_id(1) * BLOCK_N, xq_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr,
-               out_s_ptr, ids_ptr, router_weight_ptr, E, stride_be, alpha, limit, ids_ptr, 0, ids_ptr,
-               K, NW, OUT_N, TOP_K, GATHER, ACTIVATION, HAS_LIMIT, HAS_BIAS, ROUTER_WEIGHT, BLOCK_N, BLOCK_K,
-               STAGES, NORMAL, PDL, SMEM, False, num_warps)
-
-
-@gluon.jit(do_not_specialize=["T", "E", "stride_b13", "stride_b2"])
-def _layer_kernel(
-    x_ptr, xq_ptr, xs_ptr, w13_ptr, s13_ptr, b13_ptr, w2_ptr, s2_ptr, b2_ptr, hq_ptr, hs_ptr, y_ptr, out_ptr,
-    ids_ptr, router_weight_ptr, flags_ptr, T, E, stride_b13, stride_b2, alpha, limit,
-    H: gl.constexpr, I: gl.constexpr, TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr,
-    HAS_BIAS: gl.constexpr, BQ: gl.constexpr, N1: gl.constexpr, K1: gl.constexpr, ST1: gl.constexpr,
-    N2: gl.constexpr, K2: gl.constexpr, ST2: gl.constexpr, BLOCK_H: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, num_warps: gl.constexpr,
-):
-    """The whole one-token-class decode layer (pair order) in one launch; programs by role, in this order:
-    T * H / BQ quantize chunks of x (prep's quantize_rows), S * I / N1 run the gate/up GEMM, S * H / N2 the
-    down GEMM, T sum each token's k rows (combine) and reset the token's counters for the next launch.
-    Counters (flags_ptr, int32, zero at launch): [0, T) chunks of x quantized per token, [T, T + S)
-    gate/up programs done per pair, [T + S, 2T + S) down programs done per token. A program waits only on
-    programs of an earlier role, which the GPU dispatches first (the order in which CUDA dispatches the
-    programs of a one-dimensional grid; CUTLASS's serial split-K relies on it likewise), so every wait
-    ends. The GEMM programs request their first weight tiles before they wait."""
-    pdl.start(PDL)
-    pid = gl.program_id(0)
-    S = T * TOP_K
-    NQ: gl.constexpr = H // BQ
-    G1: gl.constexpr = I // N1
-    G2: gl.constexpr = H // N2
-    q_end = T * NQ
-    g_end = q_end + S * G1
-    d_end = g_end + S * G2
-    if pid < q_end:  # quantize BQ values of a token's row of x
-        t = pid // NQ
-        c0 = (pid % NQ) * BQ
-        flat: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
-        v = gl.load(x_ptr + t.to(gl.int64) * H + c0 + gl.arange(0, BQ, layout=flat)).to(gl.float32)
-        _quantize_store(v, xq_ptr + t.to(gl.int64) * (H // 2), xs_ptr + t.to(gl.int64) * (H // 16), c0, H, BQ,
-                        num_warps)
-        _signal(flags_ptr + t, num_warps)
-    elif pid < g_end:
-        q = pid - q_end
-        pair = q // G1
-        _pair_gemm(pair, (q % G1) * N1, xq_ptr, xs_ptr, w13_ptr, s13_ptr, b13_ptr, hq_ptr, hs_ptr, ids_ptr,
-                   router_weight_ptr, E, stride_b13, alpha, limit, flags_ptr + pair // TOP_K, NQ,
-                   flags_ptr + T + pair, H, 2 * I, I, TOP_K, True, ACTIVATION, HAS_LIMIT, HAS_BIAS, False, N1,
-                   K1, ST1, NORMAL, False, True, True, num_warps)
-    elif pid < d_end:
-        q = pid - g_end
-        pair = q // G2
-        _pair_gemm(pair, (q % G2) * N2, hq_ptr, hs_ptr, w2_ptr, s2_ptr, b2_ptr, y_ptr, y_ptr, ids_ptr,
-                   router_weight_ptr, E, stride_b2, alpha, limit, flags_ptr + T + pair, G1,
-                   flags_ptr + T + S + pair // TOP_K, I, H, H, TOP_K, False, 0, False, HAS_BIAS, True, N2, K2,
-                   ST2, NORMAL, False, True, True, num_warps)
-    else:  # combine token t: out[t] = sum over its valid pairs of y[pair] (float32, slot order)
-        t = pid - d_end
-        ready = _wait_at_least(flags_ptr + T + S + t, TOP_K * G2, num_warps)
-        hl: gl.constexpr = gl.BlockedLayout([4], [32], [num_warps], [0])
-        cols = gl.arange(0, BLOCK_H, layout=hl)
-        live = cols < H
-        acc = gl.zeros([BLOCK_H], gl.float32, hl)
-        for j in gl.static_range(TOP_K):
-            pair = t * TOP_K + j + ready
-            e = gl.load(ids_ptr + pair)
-            ok = (e >= 0) & (e < E)
-            acc += gl.load(y_ptr + pair.to(gl.int64) * H + cols, mask=live & ok, other=0.0).to(gl.float32)
-        gl.store(out_ptr + t.to(gl.int64) * H + cols, acc.to(out_ptr.dtype.element_ty), mask=live)
-        # every program that counted towards this token's counters has finished with them: reset them
-        gl.store(flags_ptr + t, 0)
-        for j in gl.static_range(TOP_K):
-            gl.store(flags_ptr + T + t * TOP_K + j, 0)
-        gl.store(flags_ptr + T + S + t, 0)
-
-
-_FLAGS: dict = {}  # device -> the zeroed int32 counters of _layer_kernel (each launch leaves them zero)
-
-
-def _layer_flags(device: torch.device, n: int) -> torch.Tensor:
-    buf = _FLAGS.get(device)
-    if buf is None or buf.numel() < n:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("moe_layer_sm90: run the layer once before capturing it in a CUDA graph "
-                               f"(its counters for {n} entries are allocated at the first call)")
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-        _FLAGS[device] = buf
-    return buf
-
-
-def moe_layer_sm90(x, topk_ids, topk_weights, w13, s13, b13, w2, s2, b2, *, inter: int, activation: int,
-                   alpha: float, limit: float | None, tiles1: tuple, tiles2: tuple, normal_scales: bool = False):
-    """moe_decode.moe_layer_decode's pair-order layer in one launch (_layer_kernel): x bf16 [T, H], topk ids
-    and weights [T, k], w13/s13 [E, 2I, H/8] words and [E, 2I, H/32] scales, w2/s2 [E, H, I/8] and
-    [E, H, I/32], biases or None; tiles (block_n, block_k, num_warps, stages) of the gate/up and down
-    GEMMs, both through the shared-memory ring, with the same warp count. -> bf16 [T, H].
-    One launch at a time per device: the counters are shared (a stream orders its launches)."""
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    S = T * k
-    E = w13.shape[0]
-    n1, k1, nw1, st1 = tiles1
-    n2, k2, nw2, st2 = tiles2
-    if nw1 != nw2:
-        raise ValueError(f"moe_layer_sm90: both GEMMs need the same warp count, got {nw1} and {nw2}")
-    if (b13 is None) != (b2 is None):
-        raise ValueError("moe_layer_sm90: biases for both GEMMs or for neither")
-    k1, k2 = min(k1, 1 << (H.bit_length() - 1)), min(k2, 1 << (inter.bit_length() - 1))
-    if (inter % n1 or n1 % 32 or H % n2 or not tile_fits(n1, k1, nw1) or not tile_fits(n2, k2, nw2)
-            or min(st1, st2) < 2):
-        raise ValueError(f"moe_layer_sm90: tiles {tiles1} / {tiles2} do not fit hidden {H}, intermediate {inter}")
-    bq = 256  # x quantized in chunks of up to 256 values (1024 take 254 registers in _quantize_store)
-    while H % bq:
-        bq //= 2
-    if bq < 32:
-        raise ValueError(f"moe_layer_sm90: hidden {H} is not a multiple of 32")
-    dev = x.device
-    out = torch.empty(T, H, dtype=x.dtype, device=dev)
-    if T == 0:
-        return out
-    xq = torch.empty(T, 4, H // 8, dtype=torch.int32, device=dev)
-    xs = torch.empty(T, 2, H // 32, dtype=torch.float32, device=dev)
-    hq = torch.empty(S, 4, inter // 8, dtype=torch.int32, device=dev)
-    hs = torch.empty(S, 2, inter // 32, dtype=torch.float32, device=dev)
-    y = torch.empty(S, H, dtype=torch.bfloat16, device=dev)
-    flags = _layer_flags(dev, 2 * T + S)
-    ids = topk_ids.contiguous().view(-1)
-    rw = topk_weights.contiguous().view(-1)
-    grid = T * (H // bq) + S * (inter // n1) + S * (H // n2) + T
-    opts = pdl.launch_options(dev)
-    dummy = ids
-    _layer_kernel[(grid,)](
-        x.contiguous(), xq, xs, w13, s13, b13 if b13 is not None else dummy, w2, s2, b2 if b2 is not None else dummy,
-        hq, hs, y, out, ids, rw, flags, T, E, b13.stride(0) if b13 is not None else 0,
-        b2.stride(0) if b2 is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
-        H=H, I=inter, TOP_K=k, ACTIVATION=activation, HAS_LIMIT=limit is not None, HAS_BIAS=b13 is not None,
-        BQ=bq, N1=n1, K1=k1, ST1=st1, N2=n2, K2=k2, ST2=st2, BLOCK_H=triton.next_power_of_2(H),
-        NORMAL=normal_scales, PDL=opts["PDL"], num_warps=nw1, **({"launch_pdl": True} if opts["PDL"] else {}),
-    )
-    return out
 
 
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,

@@ -431,53 +431,6 @@ def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, model_layers
     assert rel_err(_run(x, bad, w, experts, act, cfg), _run(x, bad, w, experts, act, triton_cfg)) < 2e-3
 
 
-@cuda
-@pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens", [1, 3, 8])
-def test_decode_layer_fused_cuda(model, tokens, model_layers):  # noqa: F811
-    """The one-launch layer (DecodeConfig.fused, moe_decode_sm90.moe_layer_sm90) against the same Gluon
-    GEMMs in four launches (the same arithmetic: equal up to float32 rounding), the exact layer and the
-    reference op; an invalid expert id; called again (its counters were reset) and replayed in a CUDA
-    graph of two layers, several times."""
-    import dataclasses
-
-    from dayzero import ops
-    from dayzero.kernels.moe_decode import DecodeConfig
-    from dayzero.kernels.moe_decode_sm90 import available
-    from dayzero.ops import REGISTRY
-
-    if not available(torch.device("cuda")):
-        pytest.skip("the Gluon decode kernels need an sm_90 device")
-    E, k, H, I, act, _ = MODELS[model]
-    experts = model_layers(model)
-    gen = torch.Generator().manual_seed(tokens + 11)
-    x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
-    ids, w = random_routing(tokens, E, k, gen, "cuda")
-    four = DecodeConfig(1, 32, 32, 256, 512, 8, 8, stages1=3, stages2=3, pair_order=True, gluon1=True, gluon2=True,
-                        smem1=True, smem2=True)
-    fused = dataclasses.replace(four, fused=True)
-    out = _run(x, ids, w, experts, act, fused)
-    assert out.isfinite().all()
-    assert rel_err(out, _run(x, ids, w, experts, act, four)) < 1e-5
-    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
-    with REGISTRY.force_backend("reference"):
-        assert rel_err(out, ops.moe_experts_mxfp4(x, ids, w, experts, act)) < 1.5e-2
-    assert torch.equal(_run(x, ids, w, experts, act, fused), out)  # the counters were left at zero
-    bad = ids.clone()
-    bad[0, 1] = -1  # no expert: its programs only count themselves done, the sum skips it
-    assert rel_err(_run(x, bad, w, experts, act, fused), _run(x, bad, w, experts, act, four)) < 1e-5
-    x2 = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
-    ref2 = _run(x2, ids, w, experts, act, fused)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g1 = _run(x, ids, w, experts, act, fused)
-        g2 = _run(x2, ids, w, experts, act, fused)
-    for _ in range(3):
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(g1, out) and torch.equal(g2, ref2)
-
-
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "1x32x256x8"],
                                   ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
                                   ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])
@@ -532,37 +485,6 @@ def test_gluon_decode_kernel_sass_for_sm90(args):
     barriers = int(re.search(r"CTA barriers (\d+)", out).group(1))
     if "--smem" not in args:
         assert barriers <= 1, out
-
-
-@pytest.mark.parametrize("model", ["gpt-oss-120b", "deepseek-v4"])
-def test_fused_layer_kernel_sass_for_sm90(model, tmp_path):
-    """The one-launch layer (moe_decode_sm90._layer_kernel) compiled for sm_90 here: no spills, at most 80
-    registers (three 8-warp programs per SM, as the two GEMMs alone), one shared-memory ring for both
-    GEMMs, and its waits and signals as the relaxed GPU-scope polls (no L1 invalidation, which would evict
-    the co-resident programs' activation rows) and membar-then-atomic releases they are meant to be."""
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    dump = tmp_path / "layer.sass"
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode_sm90.py"), "--layer", model, "--k",
-                          "2880", "--tile", "32x256x8", "--stages", "3", "--normal", "--dump", str(dump)],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = run.stdout
-    assert "stack (spills) 0 B" in out, out
-    assert int(re.search(r"registers (\d+)", out).group(1)) <= 80, out
-    assert int(re.search(r"shared (\d+)", out).group(1)) <= 25 * 1024, out
-    sass = dump.read_text()
-    # waits: gate/up on x, down on h, the sum on y; signals: x chunks, gate/up, down
-    assert len(re.findall(r"LDG\.E\.STRONG\.GPU", sass)) >= 3, sass[-2000:]
-    assert len(re.findall(r"(?:ATOMG|REDG)\.E\.ADD\.STRONG\.GPU", sass)) >= 3, sass[-2000:]
-    assert len(re.findall(r"MEMBAR\.ALL\.GPU", sass)) >= 3, sass[-2000:]
-    assert "CCTL" not in sass
 
 
 @pytest.mark.parametrize("early", [False, True])
