@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from tools.sass_moe_mma import loop_opcodes, tools_bin  # noqa: E402
+from tools.sass_moe_mma import disassemble, loop_opcodes  # noqa: E402
 
 ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
         ("out_ptr", None), ("out_s_ptr", "*fp32"), ("row_pair_ptr", "*i32"), ("block_expert_ptr", "*i32"),
@@ -69,14 +68,8 @@ def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int], dump:
     """Registers, spills and the main loop's opcodes; words = weight words one thread decodes per K step."""
     bm, bn, bk, warps = tile
     bk = min(bk, 1 << (k.bit_length() - 1))
-    cubin = Path(f"/tmp/sass_moe_decode_{os.getpid()}.cubin")
-    cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
-    sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
-    cubin.unlink()
-    if dump:
-        dump.write_text(sass)
-    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
+    usage, sass = disassemble(compiled, dump)
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     ops, total = loop_opcodes(sass)
     words = (2 if gated else 1) * bn * bk // 8 / (32 * warps)
     return dict(registers=int(regs.group(1)), stack=int(regs.group(2)), ops=ops, total=total, words=words)

@@ -13,7 +13,6 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
 from dayzero.kernels import moe_decode_sm90  # noqa: E402
-from tools.sass_moe_mma import tools_bin  # noqa: E402
+from tools.sass_moe_mma import disassemble  # noqa: E402
 
 
 def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], stages: int, smem: bool,
@@ -52,14 +51,7 @@ def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], st
 def report(compiled, k: int, gated: bool, tile: tuple[int, int, int], dump: Path | None = None) -> dict:
     bn, bk, warps = tile
     bk = min(bk, 1 << (k.bit_length() - 1))
-    cubin = Path(f"/tmp/sass_moe_decode_sm90_{os.getpid()}.cubin")
-    cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
-                           text=True).stdout
-    sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
-    cubin.unlink()
-    if dump:
-        dump.write_text(sass)
+    usage, sass = disassemble(compiled, dump)
     ops = collections.Counter()
     for line in sass.splitlines():
         m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)

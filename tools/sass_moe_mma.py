@@ -42,6 +42,23 @@ def tools_bin(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
+def disassemble(compiled, dump: Path | None = None) -> tuple[str, str]:
+    """(resource usage, SASS) of a compiled kernel's cubin, by the bundled cuobjdump; dump: also write
+    the SASS there."""
+    cubin = Path(f"/tmp/sass_{os.getpid()}.cubin")
+    cubin.write_bytes(compiled.asm["cubin"])
+    try:
+        usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True,
+                               text=True).stdout
+        sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True,
+                              text=True).stdout
+    finally:
+        cubin.unlink()
+    if dump:
+        dump.write_text(sass)
+    return usage, sass
+
+
 def compile_variant(k: int, mxfp4: bool, gated: bool, tile: tuple[int, ...], stride_aligned: bool):
     bm, bn, bk, warps, stages = tile
     wfmt = moe_mma.WFMT_MXFP4 if mxfp4 else moe_mma.WFMT_BF16
@@ -97,14 +114,8 @@ def main() -> None:
 def report(compiled, loop_ops, dump: Path | None, top: int) -> None:
     """Print shared memory, registers, spills and the opcodes of the loop `loop_ops` picks from the SASS
     of a compiled kernel (its cubin disassembled with the bundled cuobjdump); dump: also write the SASS."""
-    cubin = Path(f"/tmp/sass_{os.getpid()}.cubin")
-    cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([tools_bin("cuobjdump"), "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
-    sass = subprocess.run([tools_bin("cuobjdump"), "--dump-sass", str(cubin)], capture_output=True, text=True).stdout
-    cubin.unlink()
-    if dump:
-        dump.write_text(sass)
-    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage.stdout)
+    usage, sass = disassemble(compiled, dump)
+    regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     ops, total = loop_ops(sass)
     print(f"shared {compiled.metadata.shared} B, registers {regs.group(1) if regs else '?'}, "
           f"stack (spills) {regs.group(2) if regs else '?'} B; main loop {total} instructions per thread per K step")
