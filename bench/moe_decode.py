@@ -5,7 +5,6 @@ then whole layers, in CUDA graphs with the weights rotating over copies far larg
     python bench/moe_decode.py --json out.json     # time: gpt-oss-120b and DeepSeek-V4 at 1, 8, 32 tokens
     python bench/moe_decode.py --gluon-ab --tokens 1 --per-graph 1 8   # the Triton layer vs the Gluon GEMMs (sm_90)
     python bench/moe_decode.py --gluon-tiles-ab --tokens 1 --per-graph 8   # the Gluon default vs other Gluon tiles
-    python bench/moe_decode.py --second-ab --tokens 8 32 64 --per-graph 8   # a second K tile per step vs the overlapping last tile
 
 Per model and token count: the gate/up GEMM (bias + activation + quantized h) and the down GEMM
 (bias x router weight) are timed alone for every (BLOCK_M, BLOCK_N, BLOCK_K, warps) in the grid, as %
@@ -368,28 +367,7 @@ def gluon_tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-def second_variants(T: int, cfg) -> dict:
-    """The default decode layer (a second tile per K step where K is not a multiple of the tile:
-    second_tile) against the overlapping last tile, per GEMM and for both, and other second-tile widths
-    that also complete a step dividing K (gpt-oss-120b's 2880: 256 + 64)."""
-    import dataclasses
-
-    r = dataclasses.replace
-    out = {"default": cfg}
-    if not (cfg.second_k1 or cfg.second_k2):
-        return out
-    out["overlapping last tiles"] = r(cfg, second_k1=0, second_k2=0)
-    if cfg.second_k1 and cfg.second_k2:
-        out["gate/up overlapping"] = r(cfg, second_k1=0)
-        out["down overlapping"] = r(cfg, second_k2=0)
-    if cfg.second_k1 == 32 and cfg.block_k1 == 256:
-        out["gate/up 256 + 64"] = r(cfg, second_k1=64)
-    if cfg.second_k2 == 32 and cfg.block_k2 == 256:
-        out["down 256 + 64"] = r(cfg, second_k2=64)
-    return out
-
-
-VARIANT_SETS = {"second": second_variants, "gluon": gluon_variants, "gluon_tiles": gluon_tiles_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+VARIANT_SETS = {"gluon": gluon_variants, "gluon_tiles": gluon_tiles_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -621,8 +599,6 @@ def main() -> None:
                     help="the default layer against GEMMs run by the Gluon kernel (moe_decode_sm90)")
     ap.add_argument("--gluon-tiles-ab", action="store_true",
                     help="the one-token Gluon default against other Gluon tiles (16 and 8 rows, 4 warps) per GEMM")
-    ap.add_argument("--second-ab", action="store_true",
-                    help="the default layer (a second tile per K step) against the overlapping last K tile")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -655,8 +631,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.gluon_ab or args.gluon_tiles_ab or args.second_ab or args.old):
-            which = ("second" if args.second_ab else "gluon" if args.gluon_ab else "gluon_tiles" if args.gluon_tiles_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.gluon_ab or args.gluon_tiles_ab or args.old):
+            which = ("gluon" if args.gluon_ab else "gluon_tiles" if args.gluon_tiles_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load

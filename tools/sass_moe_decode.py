@@ -30,13 +30,12 @@ ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*
 
 
 def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0,
-                   early: bool = False, pdl: bool = False, normal: bool = False, second: int = 0):
+                   early: bool = False, pdl: bool = False, normal: bool = False):
     """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
     gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
     passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop; early: the
     pair-order dispatch, the prefetched tiles loaded before the PDL wait (pdl: compiled with the wait);
-    normal: the one-shift E8M0 factors (every scale byte in 1..254); second: the second tile per K step
-    (BLOCK_K2, stages >= 2)."""
+    normal: the one-shift E8M0 factors (every scale byte in 1..254)."""
     if module is None:
         from dayzero.kernels import moe_decode as module
     bm, bn, bk, warps = tile
@@ -56,8 +55,6 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
         consts["NORMAL_SCALES"] = normal
     elif normal:
         raise ValueError("that version of the decode kernel has no NORMAL_SCALES")
-    if second:
-        consts["BLOCK_K2"] = second
     for param in module._moe_decode_kernel.params:  # other constexprs at their defaults, as a launch takes them
         if param.is_constexpr and param.name not in consts and param.has_default:
             consts[param.name] = param.default
@@ -67,19 +64,15 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 
 
-def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int], dump: Path | None = None,
-           second: int = 0) -> dict:
-    """Registers, spills and the main loop's opcodes; words = weight words one thread decodes per K step,
-    steps = K steps per program (a last tile that overlaps the one before counts whole)."""
+def report(compiled, k: int, gated: bool, tile: tuple[int, int, int, int], dump: Path | None = None) -> dict:
+    """Registers, spills and the main loop's opcodes; words = weight words one thread decodes per K step."""
     bm, bn, bk, warps = tile
     bk = min(bk, 1 << (k.bit_length() - 1))
     usage, sass = disassemble(compiled, dump)
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     ops, total = loop_opcodes(sass)
-    words = (2 if gated else 1) * bn * (bk + second) // 8 / (32 * warps)
-    steps = -(-k // (bk + second))
-    return dict(registers=int(regs.group(1)), stack=int(regs.group(2)), ops=ops, total=total, words=words,
-                steps=steps)
+    words = (2 if gated else 1) * bn * bk // 8 / (32 * warps)
+    return dict(registers=int(regs.group(1)), stack=int(regs.group(2)), ops=ops, total=total, words=words)
 
 
 def main() -> None:
@@ -92,7 +85,6 @@ def main() -> None:
     ap.add_argument("--early", action="store_true", help="tiles loaded before the PDL wait (pair order, stages 0)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL wait in")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
-    ap.add_argument("--second", type=int, default=0, help="a second tile of this many K values per step (stages >= 2)")
     ap.add_argument("--dump", type=Path, help="write the SASS of this tree's kernel there")
     ap.add_argument("--compare", type=Path, help="another version of moe_decode.py to report beside this one")
     args = ap.parse_args()
@@ -109,16 +101,14 @@ def main() -> None:
     for name, mod in versions:
         mine = mod is None
         compiled = compile_decode(args.k, args.out, args.gated, tile, mod, args.stages,
-                                  args.early and mine, args.pdl and mine, args.normal and mine,
-                                  args.second if mine else 0)
-        r = report(compiled, args.k, args.gated, tile, args.dump if mine else None, args.second if mine else 0)
+                                  args.early and mine, args.pdl and mine, args.normal and mine)
+        r = report(compiled, args.k, args.gated, tile, args.dump if mine else None)
         per = {op: n / r["words"] for op, n in r["ops"].items()}
         ints = sum(v for op, v in per.items() if op.startswith(int_ops))
         print(f"{name}: shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B; "
               f"main loop {r['total']} "
               f"instructions per thread per K step, {r['words']:g} weight words each: "
-              f"{r['total'] / r['words']:.1f} per word ({ints:.1f} integer); {r['steps']} steps, "
-              f"{r['total'] * r['steps']} in the loop per program")
+              f"{r['total'] / r['words']:.1f} per word ({ints:.1f} integer)")
         print("  per word: " + ", ".join(f"{op} {v:.2f}" for op, v in sorted(per.items(), key=lambda t: -t[1])[:14]))
 
 

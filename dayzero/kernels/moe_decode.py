@@ -96,11 +96,7 @@ class DecodeConfig:
     gluon1 / gluon2 (pair_order, no split): the gate/up / down GEMM runs moe_decode_sm90's Gluon kernel
     (sm_90 only; the caller checks moe_decode_sm90.available) with that GEMM's tile; its stages n >= 2
     keep n - 1 weight tiles in flight, the first n - 1 requested before the PDL wait: in registers, or with
-    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots.
-
-    second_k1 / second_k2 (Triton kernel, stages >= 2, no split): each K step reads a second tile of that
-    many values after its block_k ones (second_tile), so that K need not be a multiple of block_k
-    without a last tile overlapping the one before; 0: none."""
+    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -119,8 +115,6 @@ class DecodeConfig:
     gluon2: bool = False
     smem1: bool = False
     smem2: bool = False
-    second_k1: int = 0
-    second_k2: int = 0
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -134,12 +128,6 @@ class DecodeConfig:
                 raise ValueError("DecodeConfig: a Gluon GEMM (gluon1/gluon2) needs pair_order, no split K, "
                                  f"stages >= 2 and no early flag, got pair_order {self.pair_order}, split {split}, "
                                  f"stages {stages}, early {early}")
-        for second, g, split, stages in ((self.second_k1, self.gluon1, self.split_k1, self.stages1),
-                                         (self.second_k2, self.gluon2, self.split_k2, self.stages2)):
-            if second and (g or split > 1 or stages < 2):
-                raise ValueError("DecodeConfig: a second tile per K step (second_k1/second_k2) needs the Triton "
-                                 f"kernel's pipeline (stages >= 2, no split K, not Gluon), got gluon {g}, split "
-                                 f"{split}, stages {stages}")
         if (self.early1 and self.stages1) or (self.early2 and self.stages2):
             raise ValueError("DecodeConfig: early1/early2 load the hand prefetch's tiles early: they need stages 0, "
                              f"got stages {self.stages1}, {self.stages2}")
@@ -500,26 +488,17 @@ def _accumulate(words, scale, zero, x0, x1, x2, x3, acc0, acc1, acc2, acc3, nrow
 
 
 @triton.jit
-def _row_sums(acc, acc2, BLOCK_K2: tl.constexpr):
-    """[BLOCK_N]: a row's accumulators [BLOCK_N, KB] (and, with a second tile per step, [BLOCK_N, KB2])
-    summed over their blocks."""
-    v = tl.sum(acc, axis=1)
-    if BLOCK_K2 > 0:
-        v += tl.sum(acc2, axis=1)
-    return v
-
-
-@triton.jit
-def _row_out(v, up, r, mb, ks, stride_part, rweight, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
+def _row_out(acc, acc_up, r, mb, ks, stride_part, rweight, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
              ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, ROUTER_WEIGHT: tl.constexpr, PARTIAL: tl.constexpr,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, OUT_N: tl.constexpr):
-    """Epilogue of padded row mb*BLOCK_M + r from its sums over K (v, and up for the up rows; the biases
-    included, _bias_acc): activation (quantized h out) or router weight (rweight; bf16 y out). PARTIAL
-    (split-K, K chunk ks): float32 sums into slice ks of the partial buffer, gate then up as they are
-    (bias and activation follow in _activate_partials_kernel), or y times the router weight with the
-    bias in chunk 0 only."""
+    """Epilogue of padded row mb*BLOCK_M + r (its accumulators hold the biases, _bias_acc): activation
+    (quantized h out) or router weight (rweight; bf16 y out). PARTIAL (split-K, K chunk ks): float32 sums
+    into slice ks of the partial buffer, gate then up as they are (bias and activation follow in
+    _activate_partials_kernel), or y times the router weight with the bias in chunk 0 only."""
     row = (mb * BLOCK_M + r).to(tl.int64)
+    v = tl.sum(acc, axis=1)
     if ACTIVATION != 0:
+        up = tl.sum(acc_up, axis=1)
         if PARTIAL:
             dst = out_ptr + ks.to(tl.int64) * stride_part + row * (2 * OUT_N) + offs_n
             tl.store(dst, v)
@@ -576,7 +555,7 @@ def _moe_decode_kernel(
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_ASM: tl.constexpr, STAGES: tl.constexpr = 0, PDL: tl.constexpr = False, PAIR_ORDER: tl.constexpr = False,
-    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False, BLOCK_K2: tl.constexpr = 0,
+    EARLY: tl.constexpr = False, NORMAL_SCALES: tl.constexpr = False,
 ):
     """Outputs n0..n0+BLOCK_N of the (up to 4) valid rows of dispatch block program_id(0). Weights: NW
     rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n (OUT_N = I).
@@ -588,10 +567,7 @@ def _moe_decode_kernel(
     before it waits for the launch before it. Until then it reads nothing that launch writes: only
     weights and the dispatch's expert ids, which were written two or more launches back (topk_ids before
     prep; for the down GEMM, prep's dispatch), and those launches have completed (kernels/pdl.py).
-    NORMAL_SCALES: every E8M0 byte of w lies in 1..254 (_e8m0_factor; the caller's promise).
-    BLOCK_K2 > 0 (STAGES >= 2, no K_CHUNK): each step reads a second tile of BLOCK_K2 values after its
-    BLOCK_K ones, K a multiple of BLOCK_K + BLOCK_K2, so that no last tile overlaps the one before (K =
-    2880 = 5 x (512 + 64): the overlap decoded 6.25% of the tiles twice)."""
+    NORMAL_SCALES: every E8M0 byte of w lies in 1..254 (_e8m0_factor; the caller's promise)."""
     if not EARLY:
         pdl.start(PDL)
     PARTIAL: tl.constexpr = K_CHUNK > 0
@@ -651,17 +627,10 @@ def _moe_decode_kernel(
     if GATED:
         up0 = _bias_acc(bias_ptr, expert, stride_be, offs_n, ks, OUT_N, KB, WITH_BIAS, PARTIAL, BLOCK_N)
     up1, up2, up3 = up0, up0, up0
-    # the second tile's accumulators (BLOCK_K2 > 0; else placeholders, never read)
-    KB2: tl.constexpr = max(BLOCK_K2 // 32, 1)
-    e0 = tl.zeros([BLOCK_N, KB2], tl.float32)
-    e1, e2, e3 = e0, e0, e0
-    f0, f1, f2, f3 = e0, e0, e0, e0
     if STAGES > 0:  # Triton's software pipeline: weight tiles staged through shared memory
         tl.static_assert(not EARLY, "EARLY needs the hand prefetch (STAGES 0)")
-        tl.static_assert(BLOCK_K2 == 0 or not PARTIAL, "a second tile per step needs the whole K")
-        tl.static_assert(K % (BLOCK_K + BLOCK_K2) == 0 or BLOCK_K2 == 0, "K must be a multiple of the step")
         rw0, rw1, rw2, rw3 = _router_weights(router_weight_ptr, p0, p1, p2, p3, S, ROUTER_WEIGHT, BLOCK_M)
-        for step in tl.range(0, span, BLOCK_K + BLOCK_K2, num_stages=STAGES):
+        for step in tl.range(0, span, BLOCK_K, num_stages=STAGES):
             k0 = kbeg + step
             x0, x1, x2, x3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k0, kend, nrows, K, BLOCK_K, BLOCK_M)
             gw, gs = _load_words(w_base, s_base, n0, k0, kend, K, BLOCK_N, BLOCK_K)
@@ -671,18 +640,7 @@ def _moe_decode_kernel(
                 uw, us = _load_words(w_base, s_base, n0 + OUT_N, k0, kend, K, BLOCK_N, BLOCK_K)
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows,
                                                  BLOCK_M, USE_ASM, NORMAL_SCALES)
-            if BLOCK_K2 > 0:  # the step's second tile, K values k0 + BLOCK_K .. + BLOCK_K2
-                k1 = k0 + BLOCK_K
-                y0, y1, y2, y3 = _load_rows(xq_ptr, xs_ptr, a0, a1, a2, a3, k1, kend, nrows, K, BLOCK_K2, BLOCK_M)
-                ew, es = _load_words(w_base, s_base, n0, k1, kend, K, BLOCK_N, BLOCK_K2)
-                e0, e1, e2, e3 = _accumulate(ew, es, zero, y0, y1, y2, y3, e0, e1, e2, e3, nrows, BLOCK_M, USE_ASM,
-                                             NORMAL_SCALES)
-                if GATED:
-                    fw, fs = _load_words(w_base, s_base, n0 + OUT_N, k1, kend, K, BLOCK_N, BLOCK_K2)
-                    f0, f1, f2, f3 = _accumulate(fw, fs, zero, y0, y1, y2, y3, f0, f1, f2, f3, nrows, BLOCK_M,
-                                                 USE_ASM, NORMAL_SCALES)
     else:
-        tl.static_assert(BLOCK_K2 == 0, "a second tile per step needs STAGES >= 2")
         # Weight tiles are prefetched by hand two steps ahead (t0 = this step's, t1 = the next).
         g0w, g0s = _load_words(w_base, s_base, n0, kbeg, kend, K, BLOCK_N, BLOCK_K)
         g1w, g1s = _load_words(w_base, s_base, n0, kbeg + BLOCK_K, kend, K, BLOCK_N, BLOCK_K)
@@ -707,29 +665,25 @@ def _moe_decode_kernel(
                 up0, up1, up2, up3 = _accumulate(uw, us, zero, x0, x1, x2, x3, up0, up1, up2, up3, nrows, BLOCK_M,
                                                  USE_ASM, NORMAL_SCALES)
 
-    _row_out(_row_sums(acc0, e0, BLOCK_K2), _row_sums(up0, f0, BLOCK_K2), 0, mb, ks, stride_part, rw0, out_ptr,
-             out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N,
-             OUT_N)
+    _row_out(acc0, up0, 0, mb, ks, stride_part, rw0, out_ptr, out_s_ptr, offs_n, n0, alpha, limit,
+             ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
     if BLOCK_M > 1:
         if nrows > 1:
-            _row_out(_row_sums(acc1, e1, BLOCK_K2), _row_sums(up1, f1, BLOCK_K2), 1, mb, ks, stride_part, rw1,
-                     out_ptr, out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL,
-                     BLOCK_M, BLOCK_N, OUT_N)
+            _row_out(acc1, up1, 1, mb, ks, stride_part, rw1, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
     if BLOCK_M > 2:
         if nrows > 2:
-            _row_out(_row_sums(acc2, e2, BLOCK_K2), _row_sums(up2, f2, BLOCK_K2), 2, mb, ks, stride_part, rw2,
-                     out_ptr, out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL,
-                     BLOCK_M, BLOCK_N, OUT_N)
+            _row_out(acc2, up2, 2, mb, ks, stride_part, rw2, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
         if nrows > 3:
-            _row_out(_row_sums(acc3, e3, BLOCK_K2), _row_sums(up3, f3, BLOCK_K2), 3, mb, ks, stride_part, rw3,
-                     out_ptr, out_s_ptr, offs_n, n0, alpha, limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL,
-                     BLOCK_M, BLOCK_N, OUT_N)
+            _row_out(acc3, up3, 3, mb, ks, stride_part, rw3, out_ptr, out_s_ptr, offs_n, n0, alpha,
+                     limit, ACTIVATION, HAS_LIMIT, ROUTER_WEIGHT, PARTIAL, BLOCK_M, BLOCK_N, OUT_N)
 
 
 def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0,
                 alpha: float = 1.0, limit: float | None = None, router_weights=None, block_n: int, block_k: int,
                 num_warps: int = 4, split_k: int = 1, stages: int = 0, pair_ids: torch.Tensor | None = None,
-                early: bool = False, normal_scales: bool = False, block_k2: int = 0):
+                early: bool = False, normal_scales: bool = False):
     """One GEMM over the valid rows of dispatch `d` (block_m <= 4). xq/xs: quantized activations
     (x rows by token with gather, else one per padded row); w int32 words [E, NW, K/8], scale uint8
     [E, NW, K/32]. With an activation (gate rows n, up rows out_features + n) returns the quantized
@@ -746,9 +700,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
     waits for the launch before it (see _moe_decode_kernel); the caller guarantees that the expert ids
     it reads (pair_ids, else the dispatch) were written two or more launches back. normal_scales: the caller
     guarantees every byte of `scale` lies in 1..254 (no subnormal 2^-127, no NaN): one instruction per
-    scale byte instead of five (moe_mxfp4.scale_facts checks it once per layer). block_k2 (stages >= 2,
-    no split): each K step reads a second tile of block_k2 values after its block_k ones (second_tile:
-    K must be a multiple of block_k + block_k2), instead of a last tile that overlaps the one before."""
+    scale byte instead of five (moe_mxfp4.scale_facts checks it once per layer)."""
     E, NW, words = w.shape
     K = words * 8
     if d.block_m not in (1, 2, 4):
@@ -757,11 +709,6 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         raise ValueError(f"decode_gemm: block_n {block_n} must divide {out_features} (and be a multiple of 32 "
                          f"with an activation), block_k {block_k} a multiple of 32")
     block_k = min(block_k, 1 << (K.bit_length() - 1))  # a tile never exceeds K (see _tile_start)
-    if block_k2 and (block_k2 & (block_k2 - 1) or block_k2 < 32 or K % (block_k + block_k2) or stages < 2
-                     or split_k > 1):
-        raise ValueError(f"decode_gemm: a second tile of {block_k2} per step needs a power of two >= 32 with K "
-                         f"{K} a multiple of {block_k} + {block_k2}, stages >= 2 and no split K (got stages "
-                         f"{stages}, split_k {split_k})")
     dev = xq.device
     chunks, k_chunk = 1, 0
     if split_k > 1:
@@ -798,7 +745,7 @@ def decode_gemm(xq, xs, w, scale, bias, d, *, out_features: int, gather: bool, a
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
         K_CHUNK=k_chunk, BLOCK_M=d.block_m, BLOCK_N=block_n, BLOCK_K=block_k, USE_ASM=not interpreting(),
         STAGES=stages, PAIR_ORDER=pair_ids is not None, EARLY=early, NORMAL_SCALES=normal_scales,
-        BLOCK_K2=block_k2, num_warps=num_warps, num_stages=1,
+        num_warps=num_warps, num_stages=1,
         **pdl.launch_options(dev),
     )
     return (out, out_s) if plain else out
@@ -904,7 +851,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
         xq, xs = quantize_rows(x)
     act, alpha = kernel_activation(activation)
     tiles1 = dict(block_n=config.block_n1, block_k=config.block_k1, num_warps=config.num_warps1, stages=config.stages1,
-                  pair_ids=pair_ids, early=config.early1, normal_scales=normal_scales, block_k2=config.second_k1)
+                  pair_ids=pair_ids, early=config.early1, normal_scales=normal_scales)
     if config.gluon1:
         from dayzero.kernels.moe_decode_sm90 import decode_gemm_sm90
 
@@ -930,8 +877,7 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     y = decode_gemm(hq.view(-1, inter // 2), hs, w2, s2, b2, d, out_features=H, gather=False,
                     router_weights=topk_weights.contiguous().view(-1), block_n=config.block_n2,
                     block_k=config.block_k2, num_warps=config.num_warps2, split_k=config.split_k2,
-                    stages=config.stages2, pair_ids=pair_ids, early=config.early2, normal_scales=normal_scales,
-                    block_k2=config.second_k2)
+                    stages=config.stages2, pair_ids=pair_ids, early=config.early2, normal_scales=normal_scales)
     if config.split_k2 > 1:
         return combine_partials(y, d, T, x.dtype)
     return combine(y, d, T, x.dtype)
@@ -1023,11 +969,8 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
             n2, k2, w2 = 32, 1024, 8
     split1 = splitk_chunks() if few1 else 1
     pair_order = block_m == 1 and num_pairs <= PREP_MAX_PAIRS
-    # K not a multiple of the tile (gpt-oss-120b: 2880): a second, narrower tile per step
-    second1 = second_tile(hidden, k1) if s1 >= 2 and split1 == 1 else 0
-    second2 = second_tile(inter, k2) if s2 >= 2 else 0
     config = DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1, stages1=s1, stages2=s2, pair_order=pair_order,
-                          early2=early2, second_k1=second1, second_k2=second2)
+                          early2=early2)
     if gluon and few1 and pair_order and split1 == 1:
         import dataclasses
 
@@ -1036,26 +979,11 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
         (gn1, gk1, gw1, gs1, gm1), (gn2, gk2, gw2, gs2, gm2) = GLUON_ONE_TOKEN
         if inter % gn1 == 0 and tile_fits(gn1, _clamp_k(gk1, hidden), gw1):
             config = dataclasses.replace(config, gluon1=True, block_n1=gn1, block_k1=gk1, num_warps1=gw1,
-                                         stages1=gs1, smem1=gm1, second_k1=0)
+                                         stages1=gs1, smem1=gm1)
         if hidden % gn2 == 0 and tile_fits(gn2, _clamp_k(gk2, inter), gw2):
             config = dataclasses.replace(config, gluon2=True, block_n2=gn2, block_k2=gk2, num_warps2=gw2,
-                                         stages2=gs2, smem2=gm2, early2=False, second_k2=0)
+                                         stages2=gs2, smem2=gm2, early2=False)
     return config
-
-
-def second_tile(K: int, block_k: int) -> int:
-    """The narrowest second tile per K step (a power of two, 32 .. block_k / 2) such that steps of block_k
-    plus it cover K exactly, or 0 (K a multiple of block_k, or no such tile: the last tile overlaps the
-    one before). gpt-oss-120b's K = 2880: 64 after 512 (5 steps), 32 after 256 (10 steps)."""
-    block_k = _clamp_k(block_k, K)
-    if K % block_k == 0:
-        return 0
-    extra = 32
-    while extra < block_k:
-        if K % (block_k + extra) == 0:
-            return extra
-        extra *= 2
-    return 0
 
 
 def _clamp_k(block_k: int, K: int) -> int:

@@ -59,54 +59,6 @@ def test_decode_layer_pipelined_interpreted(tokens, block_m, act):
 
 
 @interpreter
-@pytest.mark.parametrize("tokens,block_m,act,second", [(1, 1, "gpt_oss", (32, 32)), (3, 2, "swiglu", (32, 0)),
-                                                       (9, 4, "swiglu_limit", (0, 32)), (2, 1, "gpt_oss", (64, 64))])
-def test_decode_layer_second_tile_interpreted(tokens, block_m, act, second):
-    """A second tile per K step (second_k1/second_k2): H = I = 96 as one step of 64 + 32 (or, with 64-wide
-    second tiles after 32, K = 96 as one step of 32 + 64), so that no last tile overlaps; against the
-    exact layer and the overlapping-tile kernel (the same block sums, added in another order)."""
-    from dayzero.kernels.moe_decode import DecodeConfig
-
-    gen = torch.Generator().manual_seed(400 + tokens)
-    E, H, I = 6, 96, 96
-    experts = random_layer(E, H, I, gen, "cpu", True)
-    x = torch.randn(tokens, H, generator=gen).bfloat16()
-    ids, w = random_routing(tokens, E, 2, gen, "cpu")
-    bk = 32 if second == (64, 64) else 64
-    plain = DecodeConfig(block_m, 32, 32, bk, bk, stages1=3, stages2=2)
-    config = DecodeConfig(block_m, 32, 32, bk, bk, stages1=3, stages2=2, second_k1=second[0], second_k2=second[1])
-    out = _run(x, ids, w, experts, ACTIVATIONS[act], config)
-    assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
-    overlapping = _run(x, ids, w, experts, ACTIVATIONS[act], plain)
-    assert rel_err(out.float(), overlapping.float()) < 1e-3
-
-
-@interpreter
-def test_second_tile_and_its_guards():
-    from dayzero.kernels.moe_decode import DecodeConfig, decode_gemm, prep, second_tile
-
-    assert second_tile(2880, 512) == 64 and second_tile(2880, 256) == 32  # 5 x 576, 10 x 288
-    assert second_tile(2880, 128) == 32  # 18 x 160
-    assert second_tile(2880, 1024) == 0  # no power of two below 1024 completes a step dividing 2880
-    assert second_tile(4096, 512) == 0 and second_tile(2048, 256) == 0  # whole tiles
-    assert second_tile(96, 64) == 32 and second_tile(96, 1024) == 32  # the tile is capped at K: 64 + 32
-    with pytest.raises(ValueError, match="second tile"):
-        DecodeConfig(1, 32, 32, stages1=0, second_k1=64)  # the hand prefetch has no second tile
-    with pytest.raises(ValueError, match="second tile"):
-        DecodeConfig(1, 32, 32, stages1=3, split_k1=2, second_k1=64)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 96, generator=gen).bfloat16()
-    ids, _ = random_routing(2, 4, 2, gen, "cpu")
-    d, xq, xs = prep(x, ids, 4, 1)
-    w13 = torch.zeros(4, 128, 96 // 8, dtype=torch.int32)
-    s13 = torch.full((4, 128, 96 // 32), 127, dtype=torch.uint8)
-    for bad, stages in ((48, 3), (64, 3), (16, 3), (32, 0)):  # 64 + 64 does not divide 96; no pipeline
-        with pytest.raises(ValueError, match="second tile"):
-            decode_gemm(xq, xs, w13, s13, None, d, out_features=64, gather=True, activation=1, block_n=32,
-                        block_k=64, stages=stages, block_k2=bad)
-
-
-@interpreter
 @pytest.mark.parametrize("tokens,block_m,bias,act,tiles", [
     (1, 1, True, a, (64, 32, 64, 32, 4, 4, 2, 2)) for a in ACTIVATIONS] + [
     (3, 2, False, "swiglu_limit", (32, 32, 32, 64, 4, 4, 3, 1)), (5, 4, True, "gpt_oss", (64, 32, 64, 32, 4, 4, 1, 3)),
@@ -328,16 +280,10 @@ def test_choose_decode_config():
     many = choose_decode_config(32, 128, 128, 2880, 2880)
     assert (many.block_m, many.block_n2, many.block_k2, many.stages2) == (2, 64, 256, 3)
     assert not many.pair_order and not many.early2
-    # K = 2880 in steps of a 512 + 64 (8 tokens) or 256 + 32 (32 tokens): no overlapping tile
-    assert (eight.second_k1, eight.second_k2, many.second_k1, many.second_k2) == (64, 64, 32, 32)
-    assert (one.second_k1, one.second_k2) == (64, 0)  # the down GEMM's hand prefetch has none
-    v4 = choose_decode_config(32, 192, 256, 4096, 2048)
-    assert (v4.second_k1, v4.second_k2) == (0, 0)  # whole tiles
     g = choose_decode_config(1, 4, 128, 2880, 2880, gluon=True)  # sm_90, one token: both GEMMs in Gluon
     assert g.gluon1 and (g.block_n1, g.block_k1, g.num_warps1, g.stages1, g.smem1) == (32, 256, 8, 3, True)
     assert g.gluon2 and (g.block_n2, g.block_k2, g.num_warps2, g.stages2, g.smem2, g.early2) == (32, 512, 8, 3, True,
                                                                                                  False)
-    assert not g.second_k1 and not g.second_k2  # the Gluon kernels have none
     assert not choose_decode_config(8, 32, 128, 2880, 2880, gluon=True).gluon1  # from 8 tokens: Triton
     tiny = choose_decode_config(1, 2, 8, 64, 32, gluon=True)  # K = 64: the Gluon tiles do not fit
     assert not tiny.gluon1 and not tiny.gluon2
@@ -407,29 +353,6 @@ def test_decode_nan_scale_gives_nan_cuda():
     got = _readback(blocks, scales, "cuda", block_k=256)  # [N, K]
     assert got[3].isnan().all()
     assert torch.cat([got[:3], got[4:]]).isfinite().all()
-
-
-@cuda
-@pytest.mark.parametrize("tokens,block_m,k1,k2,second", [(8, 1, 512, 512, (64, 64)), (32, 2, 256, 256, (32, 32)),
-                                                        (32, 2, 256, 256, (64, 64)), (3, 1, 128, 1024, (32, 0)),
-                                                        (64, 4, 256, 128, (32, 32))])
-def test_decode_layer_second_tile_cuda(tokens, block_m, k1, k2, second, model_layers):  # noqa: F811
-    """A second tile per K step on gpt-oss-120b's K = 2880 (5 x (512 + 64), 10 x (256 + 32), 9 x (256 + 64),
-    18 x (128 + 32)): against the exact layer and the overlapping last tile."""
-    from dayzero.kernels.moe_decode import DecodeConfig
-
-    E, k, H, I, act, _ = MODELS["gpt-oss-120b"]
-    experts = model_layers("gpt-oss-120b")
-    gen = torch.Generator().manual_seed(500 + tokens)
-    x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
-    ids, w = random_routing(tokens, E, k, gen, "cuda")
-    plain = DecodeConfig(block_m, 32, 32, k1, k2, stages1=3, stages2=3, pair_order=block_m == 1)
-    config = DecodeConfig(block_m, 32, 32, k1, k2, stages1=3, stages2=3, pair_order=block_m == 1,
-                          second_k1=second[0], second_k2=second[1])
-    out = _run(x, ids, w, experts, act, config)
-    assert out.isfinite().all()
-    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
-    assert rel_err(out.float(), _run(x, ids, w, experts, act, plain).float()) < 1e-3
 
 
 @cuda
