@@ -67,6 +67,7 @@ tensor ops; everything else is the compiled code.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -945,7 +946,16 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
     (measured no faster at 4-16 chunks).
 
     gluon (the caller found moe_decode_sm90.available): at one token (pair order, few gate/up programs)
-    each GEMM whose GLUON_ONE_TOKEN tile fits its shapes runs the Gluon kernel instead."""
+    each GEMM whose GLUON_ONE_TOKEN tile fits its shapes runs the Gluon kernel instead.
+
+    Computed once per distinct set of arguments (and split-K setting): a layer call asks for it on the host."""
+    return _choose_decode_config(num_tokens, num_pairs, num_experts, hidden, inter, num_sms, max_rows, gluon,
+                                 splitk_chunks())
+
+
+@functools.cache
+def _choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidden: int, inter: int,
+                          num_sms: int, max_rows: float, gluon: bool, split: int) -> DecodeConfig | None:
     top_k = max(1, num_pairs // max(1, num_tokens))
     active = max(1.0, expected_active_experts(num_tokens, top_k, num_experts))
     rows = num_pairs / active
@@ -967,7 +977,7 @@ def choose_decode_config(num_tokens: int, num_pairs: int, num_experts: int, hidd
         s2, early2 = 0, True
         if active * hidden / 32 <= 3 * num_sms:  # its programs fit 3 per SM: K over 8 warps
             n2, k2, w2 = 32, 1024, 8
-    split1 = splitk_chunks() if few1 else 1
+    split1 = split if few1 else 1
     pair_order = block_m == 1 and num_pairs <= PREP_MAX_PAIRS
     config = DecodeConfig(block_m, n1, n2, k1, k2, w1, w2, split1, stages1=s1, stages2=s2, pair_order=pair_order,
                           early2=early2)

@@ -63,7 +63,9 @@ def available(device: torch.device) -> bool:
     DAYZERO_MOE_DECODE_GLUON=0."""
     if device.type != "cuda" or interpreting() or os.environ.get(GLUON_ENV, "1").strip() == "0":
         return False
-    return torch.cuda.get_device_capability(device) == (9, 0)
+    from dayzero.kernels.devices import capability
+
+    return capability(device) == (9, 0)
 
 
 @gluon.constexpr_function

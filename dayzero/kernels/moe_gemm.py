@@ -341,7 +341,9 @@ def moe_layer(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, 
         from dayzero.kernels.moe_decode import (DECODE_MAX_ROWS_PER_EXPERT, DECODE_MAX_ROWS_WGMMA,
                                                 choose_decode_config, moe_layer_decode)
 
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        from dayzero.kernels.devices import sm_count
+
+        sms = sm_count(x.device) if x.is_cuda else 132
         from dayzero.kernels.moe_decode_sm90 import available as gluon_available
 
         decode = configs or choose_decode_config(T, pairs, E, H, inter, sms,

@@ -490,7 +490,9 @@ def available(x: torch.Tensor) -> bool:
     DAYZERO_MOE_WGMMA=0 keeps moe_mma."""
     if not x.is_cuda or interpreting() or os.environ.get(WGMMA_ENV, "1") == "0":
         return False
-    return torch.cuda.get_device_capability(x.device) == (9, 0)
+    from dayzero.kernels.devices import capability
+
+    return capability(x.device) == (9, 0)
 
 
 # Relative cost of one block per K step, measured on the H200 (2026-12-01, gpt-oss-120b at 8192 tokens,

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from dayzero.kernels.devices import capability
+
 PDL_ENV = "DAYZERO_PDL"
 
 
@@ -34,7 +36,7 @@ def enabled(device: torch.device) -> bool:
     value = os.environ.get(PDL_ENV, "1").strip()
     if value not in ("0", "1", ""):
         raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
-    return value != "0" and torch.cuda.get_device_capability(device)[0] >= 9
+    return value != "0" and capability(device)[0] >= 9
 
 
 def launch_options(device: torch.device) -> dict:
