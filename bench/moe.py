@@ -17,6 +17,8 @@ Path B (its own table; eager only: it synchronises with the host once per call):
 workspace before each call (host sync + conversion of every active expert + GEMMs), "warm" finds
 every expert resident (a workspace of copies x E slots); % FP8 = warm TFLOP/s over a torch._scaled_mm
 8192^3 e4m3 product measured in the same run; out-of-window = MXFP4 blocks converted lossily.
+"A eager, layer graphs": path A's eager call at up to 32 tokens replaying the layer's CUDA graph
+(kernels/moe_graphs.py, the default for eager calls; off for the other columns).
 --prefetch: three layers (the weight copies) called in turn for several steps with a workspace of
 2.2 layers' active experts, so each step reconverts; time per layer with the prefetch off and on, and
 its hit rate, with the routing repeated each step (the best case) and drawn afresh (uniform, the worst).
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -38,7 +41,10 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dayzero.formats import mxfp4  # noqa: E402
-from dayzero.kernels import pdl  # noqa: E402
+from dayzero.kernels import moe_graphs, pdl  # noqa: E402
+
+# "eager" is the plain eager call; path A's eager call replaying its layer graphs is timed apart
+os.environ[moe_graphs.GRAPHS_ENV] = "0"
 from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference  # noqa: E402
 
 MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
@@ -251,6 +257,13 @@ def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, b
                 us = graph_replay_us(lambda s: fn(x, ids, w, s), copies, reps, per_graph)
                 row[f"graphn_us_{p}"] = us
                 row[f"graphn_bw_pct_{p}"] = 100 * nbytes / (us * 1e-6) / bw
+            if p == "A" and T <= moe_graphs.DEFAULT_MAX_TOKENS:  # the eager call replaying its layer graphs
+                os.environ[moe_graphs.GRAPHS_ENV] = "1"
+                for s in range(2 * copies):  # per copy: one eager call, then the capture
+                    fn(x, ids, w, s % copies)
+                row["err_lg_A"] = rel_err(fn(x, ids, w, 0), ref)
+                row["eager_lg_us_A"] = 1e3 * median_ms(lambda s: fn(x, ids, w, s), reps, copies)
+                os.environ[moe_graphs.GRAPHS_ENV] = "0"
             if p == "A" and T <= MULTI_LAYER_MAX_TOKENS:
                 row["floor_us_A"] = read_floor_us(nbytes, reps, copies)
                 row["floor_bw_pct_A"] = 100 * nbytes / (row["floor_us_A"] * 1e-6) / bw
@@ -376,6 +389,8 @@ def format_row(r: dict, paths) -> str:
                      f"{r[f'bw_pct_{p}']:5.1f}% BW {r[f'tflops_{p}']:6.1f} TF err {r[f'err_{p}']:.1e}")
     if "A_over_C" in r:
         parts.append(f"A/C {r['A_over_C']:.2f}")
+    if "eager_lg_us_A" in r:
+        parts.append(f"A eager with layer graphs {r['eager_lg_us_A']:.1f} us (err {r['err_lg_A']:.1e})")
     for p in paths:
         if f"graphn_us_{p}" in r:
             parts.append(f"{p} in a multi-layer graph {r[f'graphn_us_{p}']:.1f} us/layer ({r[f'graphn_bw_pct_{p}']:.1f}% BW)")
@@ -412,7 +427,8 @@ def markdown_decode(rows, paths, per_graph: int) -> str:
     for p in paths:
         head += [f"{p} graph µs (1 layer)", f"{p} µs/layer ({per_graph} per graph)", f"{p} % copy BW ({per_graph} per graph)"]
     head += ["read floor µs (A's bytes, 1 kernel)", "floor % copy BW",
-             f"read floor µs ({per_graph} per graph)", f"floor % copy BW ({per_graph} per graph)"]
+             f"read floor µs ({per_graph} per graph)", f"floor % copy BW ({per_graph} per graph)",
+             "A eager µs", "A eager µs, layer graphs (speed-up)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if "floor_us_A" not in r and not any(f"graphn_us_{p}" in r for p in paths):
@@ -423,6 +439,10 @@ def markdown_decode(rows, paths, per_graph: int) -> str:
                       f"{r.get(f'graphn_bw_pct_{p}', float('nan')):.1f}%"]
         cells += [f"{r.get('floor_us_A', float('nan')):.1f}", f"{r.get('floor_bw_pct_A', float('nan')):.1f}%",
                   f"{r.get('floorn_us_A', float('nan')):.1f}", f"{r.get('floorn_bw_pct_A', float('nan')):.1f}%"]
+        if "eager_lg_us_A" in r:
+            cells += [f"{r['eager_us_A']:.1f}", f"{r['eager_lg_us_A']:.1f} ({r['eager_us_A'] / r['eager_lg_us_A']:.1f}x)"]
+        else:
+            cells += ["-", "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -8,6 +8,10 @@ Path B (moe_fp8.moe_experts_mxfp4_fp8): the active experts converted to FP8 into
 workspace (reused across calls and layers until evicted), FP8 GEMM on the tensor cores; one host
 synchronisation per call: the prefill path.
 
+Eager calls of path A at decode sizes on CUDA replay a CUDA graph of the layer (kernels/moe_graphs.py:
+one per layer and token bucket, DAYZERO_MOE_GRAPHS=0 turns it off): their host time, not the kernels,
+bounded an eager decode step.
+
 Selection (`select_path`), per call: DAYZERO_MOE_PATH = auto (default) | a | b, or the `path` argument.
 auto picks B only where it measured faster than A: the device's workspace already holds every expert
 of this layer (so the call converts nothing), the call has DAYZERO_MOE_B_MIN_TOKENS to
@@ -98,6 +102,13 @@ def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, configs=No
         from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
 
         return moe_experts_mxfp4_fp8(x, topk_ids, topk_weights, experts, activation, workspace, configs)
+    if configs is None:  # eager decode sizes on CUDA: replay this layer's graph (kernels/moe_graphs.py)
+        from dayzero.kernels.moe_graphs import graphed
+
+        out = graphed(lambda a, i, w: _fused(a, i, w, experts, activation, None), x, topk_ids, topk_weights,
+                      experts, activation)
+        if out is not None:
+            return out
     return _fused(x, topk_ids, topk_weights, experts, activation, configs)
 
 

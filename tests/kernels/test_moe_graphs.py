@@ -1,0 +1,106 @@
+"""Per-layer CUDA graphs of eager path-A calls (kernels/moe_graphs.py): the bucket and setting logic on
+CPU; on the GPU, replays against plain eager calls of the same layer (bitwise where the call fills its
+bucket), across buckets, two layers, in-place weight changes and an enclosing graph capture."""
+
+import pytest
+import torch
+
+from tests.kernels.conftest import cuda
+from tests.kernels.moe_inputs import exact, random_layer, random_routing, rel_err
+from tests.kernels.test_moe_mxfp4 import ACTIVATIONS
+
+
+def test_buckets_and_settings(monkeypatch):
+    from dayzero.kernels import moe_graphs
+
+    assert [moe_graphs.bucket(t) for t in (1, 2, 3, 4, 5, 8, 9, 32)] == [1, 2, 4, 4, 8, 8, 16, 32]
+    monkeypatch.delenv(moe_graphs.GRAPHS_ENV, raising=False)
+    monkeypatch.delenv(moe_graphs.MAX_TOKENS_ENV, raising=False)
+    assert moe_graphs.max_tokens() == moe_graphs.DEFAULT_MAX_TOKENS
+    monkeypatch.setenv(moe_graphs.MAX_TOKENS_ENV, "8")
+    assert moe_graphs.max_tokens() == 8
+    monkeypatch.setenv(moe_graphs.GRAPHS_ENV, "0")
+    assert moe_graphs.max_tokens() == 0
+    monkeypatch.setenv(moe_graphs.GRAPHS_ENV, "1")
+    monkeypatch.setenv(moe_graphs.MAX_TOKENS_ENV, "many")
+    with pytest.raises(ValueError, match=moe_graphs.MAX_TOKENS_ENV):
+        moe_graphs.max_tokens()
+    monkeypatch.setenv(moe_graphs.MAX_TOKENS_ENV, "32")
+    assert not moe_graphs.usable(torch.zeros(1, 64))  # CPU tensors: always eager
+
+
+def _eager(monkeypatch, x, ids, w, experts, act):
+    from dayzero.kernels.moe_graphs import GRAPHS_ENV
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    monkeypatch.setenv(GRAPHS_ENV, "0")
+    out = moe_experts_mxfp4(x, ids, w, experts, act)
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+    return out
+
+
+@cuda
+@pytest.mark.parametrize("act", ["gpt_oss", "swiglu"])
+def test_layer_graphs_match_eager_cuda(act, monkeypatch):
+    from dayzero.kernels.moe_graphs import GRAPHS_ENV
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+    gen = torch.Generator().manual_seed(7)
+    E, k, H, I = 32, 4, 1024, 512
+    act = ACTIVATIONS[act]
+    layers = [random_layer(E, H, I, gen, "cuda", True) for _ in range(2)]
+    # 1, 2, 8 fill their buckets (the same kernels as an eager call: bitwise); 3, 5 pad to 4, 8
+    for tokens in (1, 2, 8, 3, 5, 1):
+        for step in range(3):  # eager, capture, replay; new inputs every call
+            for experts in layers:
+                x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
+                ids, w = random_routing(tokens, E, k, gen, "cuda")
+                out = moe_experts_mxfp4(x, ids, w, experts, act)
+                want = _eager(monkeypatch, x, ids, w, experts, act)
+                assert out.shape == x.shape and out.dtype == x.dtype
+                if tokens in (1, 2, 8):
+                    assert torch.equal(out, want), (tokens, step)
+                else:
+                    assert rel_err(out.float(), want.float()) < 1e-2
+                assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
+    graphs = layers[0]._dayzero_graphs[1]
+    assert sorted(key[0] for key, g in graphs.items() if g) == [1, 2, 4, 8]  # one graph per bucket
+
+    # an in-place change of a layer's weights drops its graphs: the next calls see the new weights
+    experts = layers[0]
+    experts.w2_scale.add_(1)
+    x = torch.randn(1, H, generator=gen).to("cuda", torch.bfloat16)
+    ids, w = random_routing(1, E, k, gen, "cuda")
+    for _ in range(3):
+        assert torch.equal(moe_experts_mxfp4(x, ids, w, experts, act), _eager(monkeypatch, x, ids, w, experts, act))
+    assert rel_err(moe_experts_mxfp4(x, ids, w, experts, act), exact(x, ids, w, experts, act)) < 1e-2
+
+
+@cuda
+def test_layer_graphs_inside_a_capture_cuda(monkeypatch):
+    """Under an enclosing capture the call records its kernels into the caller's graph (no nested graph)."""
+    from dayzero.kernels.moe_graphs import GRAPHS_ENV
+    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+
+    monkeypatch.setenv(GRAPHS_ENV, "1")
+    gen = torch.Generator().manual_seed(8)
+    E, k, H, I = 16, 2, 512, 256
+    act = ACTIVATIONS["swiglu"]
+    experts = random_layer(E, H, I, gen, "cuda", False)
+    x = torch.randn(2, H, generator=gen).to("cuda", torch.bfloat16)
+    ids, w = random_routing(2, E, k, gen, "cuda")
+    want = _eager(monkeypatch, x, ids, w, experts, act)
+    for _ in range(2):  # the key's eager call and its capture happen before the enclosing capture
+        moe_experts_mxfp4(x, ids, w, experts, act)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        moe_experts_mxfp4(x, ids, w, experts, act)
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = moe_experts_mxfp4(x, ids, w, experts, act)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
