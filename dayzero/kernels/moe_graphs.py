@@ -41,15 +41,11 @@ _POOLS: dict[torch.device, tuple] = {}
 
 def max_tokens() -> int:
     """The largest token count replayed from a graph (0: none)."""
+    from dayzero.kernels.moe_mxfp4 import _tokens_setting
+
     if os.environ.get(GRAPHS_ENV, "1").strip() == "0":
         return 0
-    raw = os.environ.get(MAX_TOKENS_ENV)
-    if raw is None:
-        return DEFAULT_MAX_TOKENS
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_TOKENS_ENV} must be a whole number of tokens, got {raw!r}") from None
+    return _tokens_setting(MAX_TOKENS_ENV, DEFAULT_MAX_TOKENS)
 
 
 def bucket(tokens: int) -> int:
