@@ -425,6 +425,16 @@ def moe_experts_fp8(x, topk_ids, topk_weights, experts, activation, configs=None
 
     check_fp8_call(x, topk_ids, topk_weights, experts, activation)
     E = experts.num_experts
-    return moe_layer_fp8(x, topk_ids, topk_weights, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
-                         _identity_slots(E, x.device), experts.b13, experts.b2, activation, num_experts=E,
-                         inter=experts.w13.shape[1] // 2, w_scale_rows=GROUP, configs=configs)
+
+    def run(a, ids, w):
+        return moe_layer_fp8(a, ids, w, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
+                             _identity_slots(E, x.device), experts.b13, experts.b2, activation, num_experts=E,
+                             inter=experts.w13.shape[1] // 2, w_scale_rows=GROUP, configs=configs)
+
+    if configs is None:  # eager decode sizes on CUDA: replay this layer's graph (kernels/moe_graphs.py)
+        from dayzero.kernels.moe_graphs import graphed
+
+        out = graphed(run, x, topk_ids, topk_weights, experts, activation)
+        if out is not None:
+            return out
+    return run(x, topk_ids, topk_weights)

@@ -1,11 +1,14 @@
-"""CUDA graphs for eager calls of path A at decode sizes: one graph per layer and token bucket.
+"""CUDA graphs for eager routed-expert calls at decode sizes: one graph per layer and token bucket.
+
+Used by moe_experts_mxfp4 (path A), moe_experts_bf16 (path C) and moe_experts_fp8 (DeepSeek-V3-style FP8
+experts): the layers without a host synchronisation.
 
 An eager call of the MXFP4 layer at one token spends 280-300 µs in Python on the host (four kernel
 launches, their argument handling, the checks and allocations) against 26-35 µs of GPU time in a graph
 (BENCHMARKS.md, twelfth run; tools/profile_moe_host.py). The engine runs decode eagerly, so that host
 time bounded its MoE decode. Here a call of up to DAYZERO_MOE_GRAPH_MAX_TOKENS tokens (default 32) on
 CUDA replays a CUDA graph of the whole layer instead: the inputs are copied into the graph's static
-buffers (rows past the call's tokens padded with expert id E, which every decode kernel skips), the graph
+buffers (rows past the call's tokens padded with expert id E, which every dispatch skips), the graph
 replays, and the output rows are copied out, so the result is a tensor of the caller's own.
 
 - Buckets: the token count rounded up to a power of two (1, 2, 4, ..., 32), so a layer holds at most six
@@ -17,7 +20,8 @@ replays, and the output rows are copied out, so the result is a tensor of the ca
   when any of its tensors is replaced or changed in place (data pointers and version counters), or when a
   setting that chooses kernels changes (the environment variables read at every call).
 - Not used while a CUDA graph is being captured (the caller's graph then holds the kernels), under the
-  interpreter, on other devices, with forced configs or path B, or with DAYZERO_MOE_GRAPHS=0.
+  interpreter, on other devices, with forced configs or MXFP4 path B (which synchronises with the host),
+  or with DAYZERO_MOE_GRAPHS=0.
 
 Exactness: a replay runs the same kernels on the same values as an eager call of the bucket's size;
 tests/kernels/test_moe_graphs.py checks it against eager calls on the GPU, across buckets, layers and

@@ -1,6 +1,7 @@
-"""Per-layer CUDA graphs of eager path-A calls (kernels/moe_graphs.py): the bucket and setting logic on
-CPU; on the GPU, replays against plain eager calls of the same layer (bitwise where the call fills its
-bucket), across buckets, two layers, in-place weight changes and an enclosing graph capture."""
+"""Per-layer CUDA graphs of eager routed-expert calls (kernels/moe_graphs.py; MXFP4 path A, bf16 and FP8
+experts): the bucket and setting logic on CPU; on the GPU, replays against plain eager calls of the same
+layer (bitwise where the call fills its bucket), across buckets, two layers, in-place weight changes and
+an enclosing graph capture."""
 
 import pytest
 import torch
@@ -29,27 +30,46 @@ def test_buckets_and_settings(monkeypatch):
     assert not moe_graphs.usable(torch.zeros(1, 64))  # CPU tensors: always eager
 
 
-def _eager(monkeypatch, x, ids, w, experts, act):
-    from dayzero.kernels.moe_graphs import GRAPHS_ENV
+def _op(experts):
+    """The kernel entry point of the layer's format."""
+    from dayzero.kernels.moe_bf16 import moe_experts_bf16
+    from dayzero.kernels.moe_fp8 import moe_experts_fp8
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
+    return {"mxfp4": moe_experts_mxfp4, "bf16": moe_experts_bf16, "fp8": moe_experts_fp8}[experts.format]
+
+
+def _eager(monkeypatch, x, ids, w, experts, act):
+    from dayzero.kernels.moe_graphs import GRAPHS_ENV
+
     monkeypatch.setenv(GRAPHS_ENV, "0")
-    out = moe_experts_mxfp4(x, ids, w, experts, act)
+    out = _op(experts)(x, ids, w, experts, act)
     monkeypatch.setenv(GRAPHS_ENV, "1")
     return out
 
 
+def _layer(fmt, E, H, I, gen):
+    from tests.kernels.moe_inputs import as_bf16
+    from tests.kernels.test_moe_fp8 import _fp8_layer
+
+    if fmt == "fp8":
+        return _fp8_layer(E, H, I, gen, "cuda", True)
+    layer = random_layer(E, H, I, gen, "cuda", True)
+    return as_bf16(layer) if fmt == "bf16" else layer
+
+
 @cuda
-@pytest.mark.parametrize("act", ["gpt_oss", "swiglu"])
-def test_layer_graphs_match_eager_cuda(act, monkeypatch):
+@pytest.mark.parametrize("fmt,act", [("mxfp4", "gpt_oss"), ("mxfp4", "swiglu"), ("bf16", "gpt_oss"),
+                                     ("fp8", "swiglu_limit")])
+def test_layer_graphs_match_eager_cuda(fmt, act, monkeypatch):
     from dayzero.kernels.moe_graphs import GRAPHS_ENV
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
     monkeypatch.setenv(GRAPHS_ENV, "1")
     gen = torch.Generator().manual_seed(7)
     E, k, H, I = 32, 4, 1024, 512
     act = ACTIVATIONS[act]
-    layers = [random_layer(E, H, I, gen, "cuda", True) for _ in range(2)]
+    layers = [_layer(fmt, E, H, I, gen) for _ in range(2)]
+    moe_experts_mxfp4 = _op(layers[0])
     # 1, 2, 8 fill their buckets (the same kernels as an eager call: bitwise); 3, 5 pad to 4, 8
     for tokens in (1, 2, 8, 3, 5, 1):
         for step in range(3):  # eager, capture, replay; new inputs every call
@@ -69,7 +89,10 @@ def test_layer_graphs_match_eager_cuda(act, monkeypatch):
 
     # an in-place change of a layer's weights drops its graphs: the next calls see the new weights
     experts = layers[0]
-    experts.w2_scale.add_(1)
+    if experts.w2_scale is not None:
+        experts.w2_scale.add_(1) if experts.format == "mxfp4" else experts.w2_scale.mul_(2)
+    else:
+        experts.w2.mul_(2)
     x = torch.randn(1, H, generator=gen).to("cuda", torch.bfloat16)
     ids, w = random_routing(1, E, k, gen, "cuda")
     for _ in range(3):
