@@ -22,7 +22,5 @@ def moe_experts_bf16(x, topk_ids, topk_weights, experts, activation, configs=Non
     if configs is None:  # eager decode sizes on CUDA: replay this layer's graph (kernels/moe_graphs.py)
         from dayzero.kernels.moe_graphs import graphed
 
-        out = graphed(run, x, topk_ids, topk_weights, experts, activation)
-        if out is not None:
-            return out
+        return graphed(run, x, topk_ids, topk_weights, experts, activation)
     return run(x, topk_ids, topk_weights)

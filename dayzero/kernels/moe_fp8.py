@@ -434,7 +434,5 @@ def moe_experts_fp8(x, topk_ids, topk_weights, experts, activation, configs=None
     if configs is None:  # eager decode sizes on CUDA: replay this layer's graph (kernels/moe_graphs.py)
         from dayzero.kernels.moe_graphs import graphed
 
-        out = graphed(run, x, topk_ids, topk_weights, experts, activation)
-        if out is not None:
-            return out
+        return graphed(run, x, topk_ids, topk_weights, experts, activation)
     return run(x, topk_ids, topk_weights)

@@ -3,8 +3,8 @@
 Used by moe_experts_mxfp4 (path A), moe_experts_bf16 (path C) and moe_experts_fp8 (DeepSeek-V3-style FP8
 experts): the layers without a host synchronisation.
 
-An eager call of the MXFP4 layer at one token spends 280-300 µs in Python on the host (four kernel
-launches, their argument handling, the checks and allocations) against 26-35 µs of GPU time in a graph
+An eager call of the MXFP4 layer at one token spends 280-500 µs in Python on the host (four kernel
+launches, their argument handling, the checks and allocations) against 22-36 µs of GPU time in a graph
 (BENCHMARKS.md, twelfth run; tools/profile_moe_host.py). The engine runs decode eagerly, so that host
 time bounded its MoE decode. Here a call of up to DAYZERO_MOE_GRAPH_MAX_TOKENS tokens (default 32) on
 CUDA replays a CUDA graph of the whole layer instead: the inputs are copied into the graph's static
@@ -114,11 +114,11 @@ class _Graph:
         return self.out[:x.shape[0]].clone()
 
 
-def graphed(run, x, topk_ids, topk_weights, experts, activation) -> torch.Tensor | None:
-    """run(x, topk_ids, topk_weights) -> the layer's output, replayed from this layer's graph of the call's
-    bucket; None where the call should run eagerly (usable() false, or the key's first call)."""
+def graphed(run, x, topk_ids, topk_weights, experts, activation) -> torch.Tensor:
+    """run(x, topk_ids, topk_weights), the layer's eager call, replayed from this layer's graph of the call's
+    bucket, or run eagerly where no graph applies (usable() false, or the key's first call)."""
     if not usable(x):
-        return None
+        return run(x, topk_ids, topk_weights)
     state = _state(experts)
     cache = getattr(experts, "_dayzero_graphs", None)
     if cache is None or cache[0] != state:
@@ -130,7 +130,7 @@ def graphed(run, x, topk_ids, topk_weights, experts, activation) -> torch.Tensor
     entry = graphs.get(key)
     if entry is None:  # the first call of this key runs eagerly; the next one captures
         graphs[key] = False
-        return None
+        return run(x, topk_ids, topk_weights)
     if entry is False:
         entry = graphs[key] = _Graph(run, x, topk_ids, topk_weights, experts.num_experts, size)
     return entry(x, topk_ids, topk_weights)

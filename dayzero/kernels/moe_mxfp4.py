@@ -105,10 +105,8 @@ def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, configs=No
     if configs is None:  # eager decode sizes on CUDA: replay this layer's graph (kernels/moe_graphs.py)
         from dayzero.kernels.moe_graphs import graphed
 
-        out = graphed(lambda a, i, w: _fused(a, i, w, experts, activation, None), x, topk_ids, topk_weights,
-                      experts, activation)
-        if out is not None:
-            return out
+        return graphed(lambda a, i, w: _fused(a, i, w, experts, activation, None), x, topk_ids, topk_weights,
+                       experts, activation)
     return _fused(x, topk_ids, topk_weights, experts, activation, configs)
 
 
