@@ -377,3 +377,131 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
         num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
     )
     return (out, out_s) if activation else out
+
+
+@gluon.jit(do_not_specialize=["E", "stride_be"])
+def _decode_sum_kernel(
+    hq_ptr, hs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ids_ptr, router_weight_ptr, E, stride_be,
+    K: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr, PDL: gl.constexpr, num_warps: gl.constexpr,
+):
+    """The down GEMM with the k-slot sum (moe_dispatch.combine) in it: outputs n0..n0+BLOCK_N of token
+    program_id(0), summed over the token's TOP_K pairs in slot order in float32, each pair's sum plus its
+    bias times its router weight; rounded once to out's dtype. The weight tiles of all the pairs run through
+    one ring of STAGES shared-memory slots (cp.async), the first STAGES - 1 requested before the PDL wait
+    (the expert ids come from the router, three launches back). A pair whose id is outside [0, E) reads no
+    weight bytes (masked copies) and adds nothing."""
+    KB: gl.constexpr = BLOCK_K // 32
+    STEPS: gl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    NT: gl.constexpr = TOP_K * STEPS  # tiles of the program, pair-major
+    D: gl.constexpr = STAGES - 1  # tiles in flight while one is decoded
+    P: gl.constexpr = 2 if D > 1 else 1  # the scale bytes run P tiles ahead in registers
+    L3: gl.constexpr = _tile_layout(BLOCK_N, KB, num_warps)
+    L2: gl.constexpr = gl.SliceLayout(2, L3)  # [BN, KB]
+    XL: gl.constexpr = gl.SliceLayout(0, L3)  # [KB, 4]
+    NL: gl.constexpr = gl.SliceLayout(1, L2)  # [BN]
+    KL: gl.constexpr = gl.SliceLayout(0, L2)  # [KB]
+    t = gl.program_id(0)
+    n0 = gl.program_id(1) * BLOCK_N
+    rows = n0 + gl.arange(0, BLOCK_N, layout=NL)
+    kb_off = gl.arange(0, KB, layout=KL)
+    wi = gl.expand_dims(gl.expand_dims(rows, 1), 2) * (K // 8) + gl.expand_dims(
+        gl.expand_dims(kb_off * 4, 0), 2) + gl.expand_dims(gl.expand_dims(
+            gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(0, L3))), 0), 0)
+    s_rows = gl.expand_dims(rows, 1) * (K // 32)
+    experts = ()
+    valids = ()
+    for j in gl.static_range(TOP_K):
+        e = gl.load(ids_ptr + t * TOP_K + j)
+        ok = (e >= 0) & (e < E)
+        experts = experts + (gl.where(ok, e, 0).to(gl.int64),)
+        valids = valids + (ok,)
+    lay_s: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])  # [BN, KB, 4]
+    ring = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+    for g in gl.static_range(D):
+        _copy_pair_tile(ring, w_ptr, wi, experts, valids, g, OUT_N, K, BLOCK_K, STEPS, NT, STAGES)
+    sa = _pair_scales(s_ptr, s_rows, kb_off, experts, 0, OUT_N, K, BLOCK_K, STEPS)
+    sb = sa
+    if P > 1 and NT > 1:
+        sb = _pair_scales(s_ptr, s_rows, kb_off, experts, 1, OUT_N, K, BLOCK_K, STEPS)
+    pdl.start(PDL)
+    zero = E >> 31  # keeps the byte-permute tables in registers (see _decode_kernel)
+    tables = (zero + 0x1B1A1918, zero + 0x24201E1C, zero + 0x15161718, zero + 0x0C101214)
+    total = gl.zeros([BLOCK_N], gl.float32, NL)
+    acc = gl.zeros([BLOCK_N, KB], gl.float32, L2)
+    bias = total
+    for g in gl.static_range(NT):
+        pair = t * TOP_K + g // STEPS
+        if g % STEPS == 0:
+            rw = gl.load(router_weight_ptr + pair).to(gl.float32)
+            if HAS_BIAS:
+                bias = gl.load(bias_ptr + experts[g // STEPS] * stride_be + rows).to(gl.float32)
+        sn = sa
+        if g + P < NT:
+            sn = _pair_scales(s_ptr, s_rows, kb_off, experts, g + P, OUT_N, K, BLOCK_K, STEPS)
+        x = _load_x(hq_ptr + pair.to(gl.int64) * (K // 2), hs_ptr + pair.to(gl.int64) * (K // 16),
+                    (g % STEPS) * BLOCK_K, K, BLOCK_K, XL, L2)
+        _copy_pair_tile(ring, w_ptr, wi, experts, valids, g + D, OUT_N, K, BLOCK_K, STEPS, NT, STAGES)
+        async_copy.wait_group(D)
+        acc += _tile_dot(ring.index(g % STAGES).load(L3), sa, tables, x, L2, NORMAL)
+        if P > 1:
+            sa = sb
+            sb = sn
+        else:
+            sa = sn
+        if g % STEPS == STEPS - 1:  # the pair's sum is complete: weight it into the token's
+            v = gl.sum(acc, axis=1) + bias
+            total += gl.where(valids[g // STEPS], v * rw, 0.0)
+            acc = gl.zeros([BLOCK_N, KB], gl.float32, L2)
+    gl.store(out_ptr + t.to(gl.int64) * OUT_N + rows, total.to(out_ptr.dtype.element_ty))
+
+
+@gluon.jit
+def _copy_pair_tile(ring, w_ptr, wi, experts, valids, g: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                    BK: gl.constexpr, STEPS: gl.constexpr, NT: gl.constexpr, STAGES: gl.constexpr):
+    """cp.async of tile g of _decode_sum_kernel (pair g // STEPS, K tile g % STEPS) into ring slot
+    g % STAGES, one group (empty past the last tile, so that the groups count the steps); an invalid
+    pair's copy is masked (zeros, no bytes read)."""
+    if g < NT:
+        word = gl.multiple_of(_tile_start((g % STEPS) * BK, K, BK) // 8, 4)
+        ptrs = w_ptr + experts[g // STEPS] * (N * (K // 8)) + word + wi
+        mask = (wi >= 0) & valids[g // STEPS]
+        async_copy.async_copy_global_to_shared(ring.index(g % STAGES), ptrs, mask=mask)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _pair_scales(s_ptr, s_rows, kb_off, experts, g: gl.constexpr, N: gl.constexpr, K: gl.constexpr,
+                 BK: gl.constexpr, STEPS: gl.constexpr):
+    """E8M0 bytes [BN, KB] of tile g of _decode_sum_kernel (an invalid pair reads expert 0's: in bounds,
+    and its sum is not used)."""
+    blk = gl.expand_dims(_tile_start((g % STEPS) * BK, K, BK) // 32 + kb_off, 0)
+    return gl.load(s_ptr + experts[g // STEPS] * (N * (K // 32)) + s_rows + blk)
+
+
+def decode_sum_sm90(hq, hs, w, scale, bias, pair_ids, router_weights, *, top_k: int, out_dtype: torch.dtype,
+                    block_n: int, block_k: int, num_warps: int, stages: int = 4, normal_scales: bool = False):
+    """The down GEMM and the combine of a pair-order decode layer in one launch: out [T, NW] (out_dtype),
+    out[t] = sum over j of router_weights[t*k + j] * (W2[e] @ h[t*k + j] + b2[e]), e = pair_ids[t*k + j]
+    (pairs whose id is outside [0, E) add nothing; h as the gate/up GEMM wrote it, hq/hs [S, ...])."""
+    E, NW, words = w.shape
+    K = words * 8
+    S = pair_ids.shape[0]
+    T = S // top_k
+    block_k = min(block_k, 1 << (K.bit_length() - 1))
+    if NW % block_n or not tile_fits(block_n, block_k, num_warps):
+        raise ValueError(f"decode_sum_sm90: tile {block_n} x {block_k} over {num_warps} warps does not fit "
+                         f"{NW} outputs")
+    if stages < 2:
+        raise ValueError(f"decode_sum_sm90: stages must be 2 or more, got {stages}")
+    out = torch.empty(T, NW, dtype=out_dtype, device=hq.device)
+    if T == 0:
+        return out
+    opts = pdl.launch_options(hq.device)
+    _decode_sum_kernel[(T, NW // block_n)](
+        hq, hs, w, scale, bias if bias is not None else pair_ids, out, pair_ids, router_weights, E,
+        bias.stride(0) if bias is not None else 0,
+        K=K, OUT_N=NW, TOP_K=top_k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages,
+        NORMAL=normal_scales, PDL=opts["PDL"], num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
+    )
+    return out
