@@ -5,7 +5,6 @@ uses the ptxas and cuobjdump that Triton's wheel bundles (see sass_moe_mma.py).
 
     python tools/sass_moe_decode_sm90.py --k 2880 --gated --tile 32x256x8 --stages 3 --smem   # gpt-oss gate/up
     python tools/sass_moe_decode_sm90.py --k 2880 --tile 32x512x8 --stages 4 --smem           # its down GEMM
-    python tools/sass_moe_decode_sm90.py --k 2880 --tile 16x512x4 --stages 6 --sum            # down + combine
 """
 
 from __future__ import annotations
@@ -49,24 +48,7 @@ def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], st
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
 
 
-def compile_sum(k: int, out_n: int, tile: tuple[int, int, int], stages: int, normal: bool, top_k: int = 4):
-    """_decode_sum_kernel (the down GEMM with the k-slot sum) as decode_sum_sm90 launches it (biases, PDL)."""
-    bn, bk, warps = tile
-    args = [("hq_ptr", "*i32"), ("hs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
-            ("out_ptr", "*bf16"), ("ids_ptr", "*i32"), ("router_weight_ptr", "*fp32"), ("E", "i32"),
-            ("stride_be", "i32")]
-    sig = dict(args)
-    consts = dict(K=k, OUT_N=out_n, TOP_K=top_k, HAS_BIAS=True, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)),
-                  STAGES=stages, NORMAL=normal, PDL=True, num_warps=warps)
-    sig.update({name: "constexpr" for name in consts})
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, _ in args if n.endswith("_ptr")}
-    src = GluonASTSource(fn=moe_decode_sm90._decode_sum_kernel, signature=sig, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-
-
-def report(compiled, k: int, gated: bool, tile: tuple[int, int, int], dump: Path | None = None,
-           pairs: int = 1) -> dict:
+def report(compiled, k: int, gated: bool, tile: tuple[int, int, int], dump: Path | None = None) -> dict:
     bn, bk, warps = tile
     bk = min(bk, 1 << (k.bit_length() - 1))
     usage, sass = disassemble(compiled, dump)
@@ -77,7 +59,7 @@ def report(compiled, k: int, gated: bool, tile: tuple[int, int, int], dump: Path
             ops[m.group(2)] += 1
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     steps = -(-k // bk)
-    words = pairs * steps * (2 if gated else 1) * bn * bk // 8 / (32 * warps)  # weight words one thread decodes
+    words = steps * (2 if gated else 1) * bn * bk // 8 / (32 * warps)  # weight words one thread decodes
     return dict(registers=int(regs.group(1)), stack=int(regs.group(2)), ops=ops, total=sum(ops.values()),
                 words=words)
 
@@ -91,16 +73,11 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=3, help="n: n - 1 weight tiles in flight")
     ap.add_argument("--smem", action="store_true", help="tiles through a ring of shared memory (cp.async)")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
-    ap.add_argument("--sum", action="store_true",
-                    help="the down GEMM with the k-slot sum (_decode_sum_kernel, 4 pairs per program; a ring)")
     ap.add_argument("--dump", type=Path, help="write the SASS there")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
-    if args.sum:
-        compiled = compile_sum(args.k, args.out, tile, args.stages, args.normal)
-    else:
-        compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.smem, args.normal)
-    r = report(compiled, args.k, args.gated and not args.sum, tile, args.dump, pairs=4 if args.sum else 1)
+    compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.smem, args.normal)
+    r = report(compiled, args.k, args.gated, tile, args.dump)
     per = {op: n / r["words"] for op, n in r["ops"].items()}
     print(f"shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B, "
           f"CTA barriers {r['ops'].get('BAR', 0)}; {r['total']} instructions per thread, {r['words']:g} weight "

@@ -97,9 +97,7 @@ class DecodeConfig:
     gluon1 / gluon2 (pair_order, no split): the gate/up / down GEMM runs moe_decode_sm90's Gluon kernel
     (sm_90 only; the caller checks moe_decode_sm90.available) with that GEMM's tile; its stages n >= 2
     keep n - 1 weight tiles in flight, the first n - 1 requested before the PDL wait: in registers, or with
-    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots. sum2 (with gluon2): the
-    down GEMM sums each token's k pairs itself (moe_decode_sm90.decode_sum_sm90, one program per token and
-    block_n2 outputs, its tiles through a ring of stages2 slots), so there is no combine launch."""
+    smem1 / smem2 copied asynchronously into a ring of n shared-memory slots."""
     block_m: int
     block_n1: int
     block_n2: int
@@ -118,7 +116,6 @@ class DecodeConfig:
     gluon2: bool = False
     smem1: bool = False
     smem2: bool = False
-    sum2: bool = False
 
     def __post_init__(self):
         if self.pair_order and self.block_m != 1:
@@ -132,9 +129,6 @@ class DecodeConfig:
                 raise ValueError("DecodeConfig: a Gluon GEMM (gluon1/gluon2) needs pair_order, no split K, "
                                  f"stages >= 2 and no early flag, got pair_order {self.pair_order}, split {split}, "
                                  f"stages {stages}, early {early}")
-        if self.sum2 and not self.gluon2:
-            raise ValueError("DecodeConfig: sum2 (the combine inside the down GEMM) is a Gluon down GEMM: it "
-                             "needs gluon2")
         if (self.early1 and self.stages1) or (self.early2 and self.stages2):
             raise ValueError("DecodeConfig: early1/early2 load the hand prefetch's tiles early: they need stages 0, "
                              f"got stages {self.stages1}, {self.stages2}")
@@ -873,13 +867,6 @@ def moe_layer_decode(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activ
     else:
         hq, hs = decode_gemm(xq, xs, w13, s13, b13, d, out_features=inter, gather=True, activation=act, alpha=alpha,
                              limit=activation.limit, **tiles1)
-    if config.sum2:
-        from dayzero.kernels.moe_decode_sm90 import decode_sum_sm90
-
-        return decode_sum_sm90(hq, hs, w2, s2, b2, pair_ids, topk_weights.contiguous().view(-1),
-                               top_k=topk_ids.shape[1], out_dtype=x.dtype, block_n=config.block_n2,
-                               block_k=config.block_k2, num_warps=config.num_warps2, stages=config.stages2,
-                               normal_scales=normal_scales)
     if config.gluon2:
         from dayzero.kernels.moe_decode_sm90 import decode_gemm_sm90
 

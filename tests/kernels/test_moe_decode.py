@@ -431,51 +431,6 @@ def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, model_layers
     assert rel_err(_run(x, bad, w, experts, act, cfg), _run(x, bad, w, experts, act, triton_cfg)) < 2e-3
 
 
-@cuda
-@pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,gluon1,tile2", [
-    (1, True, (16, 512, 4, 6)), (1, True, (32, 512, 8, 5)), (1, True, (16, 1024, 8, 4)),
-    (3, True, (16, 512, 4, 3)), (8, False, (16, 512, 4, 6)), (8, False, (32, 256, 4, 8))])
-def test_decode_layer_sum_cuda(model, tokens, gluon1, tile2, model_layers):  # noqa: F811
-    """The down GEMM with the combine in it (DecodeConfig.sum2, moe_decode_sm90.decode_sum_sm90; sm_90):
-    against the exact layer, the reference op and the layer with the combine launch on the same inputs
-    (which rounds each pair's row to bf16 before the sum: a few 1e-3 apart), with an invalid expert id in
-    one token and a token with no valid expert at all (an exact zero row)."""
-    from dayzero import ops
-    from dayzero.kernels.moe_decode import DecodeConfig
-    from dayzero.kernels.moe_decode_sm90 import available
-    from dayzero.ops import REGISTRY
-
-    if not available(torch.device("cuda")):
-        pytest.skip("the Gluon decode kernels need an sm_90 device")
-    E, k, H, I, act, _ = MODELS[model]
-    experts = model_layers(model)
-    gen = torch.Generator().manual_seed(tokens + 11)
-    x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
-    ids, w = random_routing(tokens, E, k, gen, "cuda")
-    n2, k2, w2, s2 = tile2
-    up = dict(gluon1=True, block_n1=32, block_k1=256, num_warps1=8, stages1=3, smem1=True) if gluon1 else dict(
-        block_n1=32, block_k1=512, num_warps1=4, stages1=3)
-    cfg = DecodeConfig(1, block_n2=n2, block_k2=k2, num_warps2=w2, stages2=s2, pair_order=True, gluon2=True,
-                       sum2=True, **up)
-    combined = DecodeConfig(1, block_n2=32, block_k2=512, num_warps2=4, stages2=3, pair_order=True, **up)
-    out = _run(x, ids, w, experts, act, cfg)
-    assert out.shape == (tokens, H) and out.dtype == x.dtype and out.isfinite().all()
-    assert rel_err(out, _run(x, ids, w, experts, act, combined)) < 4e-3
-    with REGISTRY.force_backend("reference"):
-        ref = ops.moe_experts_mxfp4(x, ids, w, experts, act)
-    assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
-    assert rel_err(out, ref) < 1.5e-2
-    bad = ids.clone()
-    bad[0, 1] = -1  # no expert: the pair adds nothing
-    if tokens > 1:
-        bad[-1] = E  # a token without experts (a padded row of a graph bucket): zeros
-    got = _run(x, bad, w, experts, act, cfg)
-    assert rel_err(got, _run(x, bad, w, experts, act, combined)) < 4e-3
-    if tokens > 1:
-        assert torch.equal(got[-1], torch.zeros_like(got[-1]))
-
-
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "1x32x256x8"],
                                   ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
                                   ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])
@@ -505,8 +460,7 @@ def test_decode_kernel_sass_for_sm90(args):
 
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3", "--smem"],
                                   ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--smem", "--normal"],
-                                  ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"],
-                                  ["--k", "2048", "--out", "4096", "--tile", "16x512x4", "--stages", "6", "--sum"]])
+                                  ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]])
 def test_gluon_decode_kernel_sass_for_sm90(args):
     """moe_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
     spills, 4 dp4a and at most 4.1 PRMT per weight word (prologue and epilogue included), the shared-memory
@@ -527,9 +481,9 @@ def test_gluon_decode_kernel_sass_for_sm90(args):
     assert "stack (spills) 0 B" in out, out
     per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
     assert per_word["IDP"] == 4 and per_word["PRMT"] <= 4.1, out
-    assert ("LDGSTS" in per_word) == ("--smem" in args or "--sum" in args), out
+    assert ("LDGSTS" in per_word) == ("--smem" in args), out
     barriers = int(re.search(r"CTA barriers (\d+)", out).group(1))
-    if "--smem" not in args and "--sum" not in args:
+    if "--smem" not in args:
         assert barriers <= 1, out
 
 
