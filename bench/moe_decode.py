@@ -5,6 +5,7 @@ then whole layers, in CUDA graphs with the weights rotating over copies far larg
     python bench/moe_decode.py --json out.json     # time: gpt-oss-120b and DeepSeek-V4 at 1, 8, 32 tokens
     python bench/moe_decode.py --gluon-ab --tokens 1 --per-graph 1 8   # the Triton layer vs the Gluon GEMMs (sm_90)
     python bench/moe_decode.py --gluon-tiles-ab --tokens 1 --per-graph 8   # the Gluon default vs other Gluon tiles
+    python bench/moe_decode.py --narrowk-ab --models gpt-oss-120b --tokens 8 32 --per-graph 8   # 64-code K tiles
 
 Per model and token count: the gate/up GEMM (bias + activation + quantized h) and the down GEMM
 (bias x router weight) are timed alone for every (BLOCK_M, BLOCK_N, BLOCK_K, warps) in the grid, as %
@@ -367,7 +368,30 @@ def gluon_tiles_variants(T: int, cfg) -> dict:
     return out
 
 
-VARIANT_SETS = {"gluon": gluon_variants, "gluon_tiles": gluon_tiles_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
+def narrowk_variants(T: int, cfg) -> dict:
+    """The default Triton decode layer (from 8 tokens) against K tiles of 64 codes (two 32-value blocks),
+    which tile gpt-oss-120b's K = 2880 exactly (45 steps; the default's last 256- or 512-wide tile overlaps
+    the one before), with fewer warps and more stages per program, for each GEMM and both."""
+    import dataclasses
+
+    r = dataclasses.replace
+    out = {"default": cfg}
+    ups = [(32, 64, 1, 4), (64, 64, 1, 4), (64, 64, 2, 4), (64, 64, 1, 6), (32, 64, 1, 8)]
+    downs = [(32, 64, 1, 4), (64, 64, 1, 4), (64, 64, 2, 4), (64, 64, 1, 6), (16, 64, 1, 6)]
+    for bn, bk, w, st in ups:
+        out[f"gate/up {bn}x{bk}x{w} s{st}"] = r(cfg, block_n1=bn, block_k1=bk, num_warps1=w, stages1=st, split_k1=1,
+                                               gluon1=False, early1=False)
+    for bn, bk, w, st in downs:
+        out[f"down {bn}x{bk}x{w} s{st}"] = r(cfg, block_n2=bn, block_k2=bk, num_warps2=w, stages2=st, split_k2=1,
+                                            gluon2=False, early2=False)
+    for up, down in ((ups[1], downs[1]), (ups[2], downs[2]), (ups[3], downs[3])):
+        out[f"both {'x'.join(map(str, up[:3]))} s{up[3]} / {'x'.join(map(str, down[:3]))} s{down[3]}"] = r(
+            out[f"gate/up {up[0]}x{up[1]}x{up[2]} s{up[3]}"], block_n2=down[0], block_k2=down[1], num_warps2=down[2],
+            stages2=down[3], split_k2=1, gluon2=False, early2=False)
+    return out
+
+
+VARIANT_SETS = {"narrowk": narrowk_variants, "gluon": gluon_variants, "gluon_tiles": gluon_tiles_variants, "down": down_variants, "early": early_variants, "stages": stages_variants, "plain": plain_variants,
                 "tiles": tiles_variants}
 
 
@@ -599,6 +623,8 @@ def main() -> None:
                     help="the default layer against GEMMs run by the Gluon kernel (moe_decode_sm90)")
     ap.add_argument("--gluon-tiles-ab", action="store_true",
                     help="the one-token Gluon default against other Gluon tiles (16 and 8 rows, 4 warps) per GEMM")
+    ap.add_argument("--narrowk-ab", action="store_true",
+                    help="the default layer against 64-code K tiles (gpt-oss-120b's K = 2880 without an overlap)")
     ap.add_argument("--parts-ab", action="store_true",
                     help="only the default layer against its launches alone and in partial chains")
     ap.add_argument("--old", type=Path, nargs="+", default=[],
@@ -631,8 +657,8 @@ def main() -> None:
             for per_graph in args.per_graph:
                 parts_ab(name, args.reps, args.copies, bw, rows, per_graph, args.tokens)
         elif (args.down_ab or args.early_ab or args.stages_ab or args.plain_ab or args.normal_ab or args.tiles_ab
-                or args.gluon_ab or args.gluon_tiles_ab or args.old):
-            which = ("gluon" if args.gluon_ab else "gluon_tiles" if args.gluon_tiles_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
+                or args.gluon_ab or args.gluon_tiles_ab or args.narrowk_ab or args.old):
+            which = ("narrowk" if args.narrowk_ab else "gluon" if args.gluon_ab else "gluon_tiles" if args.gluon_tiles_ab else "down" if args.down_ab else "early" if args.early_ab else "stages" if args.stages_ab
                      else "plain" if args.plain_ab else "normal" if args.normal_ab else "tiles" if args.tiles_ab
                      else None)
             from bench.moe_decode_ab import load

@@ -34,6 +34,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50, help="calls per timed chunk")
     ap.add_argument("--chunks", type=int, default=20)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--profile-graphs", action="store_true", help="cProfile the calls replaying the layer graphs "
+                    "(default: the plain eager calls)")
     args = ap.parse_args()
     for name in args.models:
         E, k, H, I, act, bias = MODELS[name]
@@ -60,7 +62,7 @@ def main() -> None:
                 print(f"{name} T={T} {mode}: host {min(hosts) * 1e6:.1f} us per call (minimum over {args.chunks} "
                       f"chunks of {args.calls}; median {statistics.median(hosts) * 1e6:.1f}), process CPU time "
                       f"median {statistics.median(cpus) * 1e6:.1f}", flush=True)
-            os.environ[GRAPHS_ENV] = "0"
+            os.environ[GRAPHS_ENV] = "1" if args.profile_graphs else "0"
             if not args.top:
                 continue
             prof = cProfile.Profile()
@@ -72,6 +74,7 @@ def main() -> None:
             out = io.StringIO()
             pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(args.top)
             print(out.getvalue(), flush=True)
+            os.environ[GRAPHS_ENV] = "0"
 
 
 if __name__ == "__main__":
