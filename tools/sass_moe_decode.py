@@ -39,7 +39,7 @@ def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, i
     if module is None:
         from dayzero.kernels import moe_decode as module
     bm, bn, bk, warps = tile
-    sig = {name: ty or ("*i32" if gated else "*bf16") for name, ty in ARGS}
+    sig = {name: ty or ("*i32" if gated else "*fp32") for name, ty in ARGS}
     consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, GATHER=gated, TOP_K=4,
                   ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, K_CHUNK=0,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), USE_ASM=True)

@@ -33,7 +33,7 @@ def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], st
     gated, PDL) for sm_90."""
     bn, bk, warps = tile
     args = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
-            ("out_ptr", "*i32" if gated else "*bf16"), ("out_s_ptr", "*fp32"), ("ids_ptr", "*i32"),
+            ("out_ptr", "*i32" if gated else "*fp32"), ("out_s_ptr", "*fp32"), ("ids_ptr", "*i32"),
             ("router_weight_ptr", "*fp32"), ("S", "i32"), ("E", "i32"), ("stride_be", "i32"), ("alpha", "fp32"),
             ("limit", "fp32")]
     sig = dict(args)

@@ -32,7 +32,7 @@ programs per SM above that: 0.98-1.04x). From 8 tokens both variants measured 0.
 (rolled) K loop 0.93-1.04x (not kept).
 
 The interface and outputs are moe_decode.decode_gemm's for a pair-order dispatch: h quantized into the
-xq/xs layout (moe_decode's docstring) from the gate/up GEMM, bf16 rows times the router weight from the
+xq/xs layout (moe_decode's docstring) from the gate/up GEMM, float32 rows times the router weight from the
 down GEMM; moe_dispatch.combine sums them. Only compiled for CUDA sm_90 (Gluon has no interpreter):
 moe_decode's Triton kernel stays the path under TRITON_INTERPRET, on other devices, for sorted
 dispatches (BLOCK_M 2 and 4) and split K; tests/kernels/test_moe_decode.py checks these GEMMs on the
@@ -346,7 +346,7 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
                      normal_scales: bool = False, smem: bool = False):
     """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
     uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
-    else bf16 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
+    else float32 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
     E, NW, words = w.shape
     K = words * 8
     S = pair_ids.shape[0]
@@ -360,8 +360,8 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
     if activation:
         out = torch.empty(S, 4, out_features // 8, dtype=torch.int32, device=dev)
         out_s = torch.empty(S, 2, out_features // 32, dtype=torch.float32, device=dev)
-    else:
-        out = torch.empty(S, out_features, dtype=torch.bfloat16, device=dev)
+    else:  # float32, as moe_decode.decode_gemm's: combine rounds each token's sum once
+        out = torch.empty(S, out_features, dtype=torch.float32, device=dev)
         out_s = None
     if S == 0:
         return (out, out_s) if activation else out
