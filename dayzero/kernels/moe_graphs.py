@@ -8,8 +8,10 @@ launches, their argument handling, the checks and allocations) against 22-36 µs
 (BENCHMARKS.md, twelfth run; tools/profile_moe_host.py). The engine runs decode eagerly, so that host
 time bounded its MoE decode. Here a call of up to DAYZERO_MOE_GRAPH_MAX_TOKENS tokens (default 32) on
 CUDA replays a CUDA graph of the whole layer instead: the inputs are copied into the graph's static
-buffers (rows past the call's tokens padded with expert id E, which every dispatch skips), the graph
-replays, and the output rows are copied out, so the result is a tensor of the caller's own.
+buffers (one foreach copy; rows past the call's tokens padded with expert id E, which every dispatch
+skips, refilled only where a larger call of the bucket left its ids), the graph replays, and the output
+rows are copied out, so the result is a tensor of the caller's own. Host time per call 51-56 µs on the
+H200's host (2026-12-02, from 59-104 with three copies, a fill per call and fresh views).
 
 - Buckets: the token count rounded up to a power of two (1, 2, 4, ..., 32), so a layer holds at most six
   graphs; padded rows cost only their dispatch (no expert reads them).
@@ -90,6 +92,9 @@ class _Graph:
         self.ids = torch.full((size, k), num_experts, dtype=topk_ids.dtype, device=dev)
         self.weights = torch.zeros(size, k, dtype=topk_weights.dtype, device=dev)
         self.num_experts = num_experts
+        self.rows = 0  # rows of ids from here on hold expert E (no expert)
+        self.inputs: dict[int, list] = {}  # per token count: the views of the static inputs it fills
+        self.outputs: dict[int, torch.Tensor] = {}  # ... and of the output it reads
         self._load(x, topk_ids, topk_weights)
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
@@ -101,17 +106,26 @@ class _Graph:
             self.out = run(self.x, self.ids, self.weights)
 
     def _load(self, x, topk_ids, topk_weights) -> None:
+        """The call's rows into the static inputs: one foreach copy (x, the ids and the weights have the
+        buffers' dtypes: they are part of the graph's key), and expert E again in the rows a larger call
+        of this bucket left behind."""
         T = x.shape[0]
-        self.x[:T].copy_(x)
-        self.ids[:T].copy_(topk_ids)
-        self.weights[:T].copy_(topk_weights)
-        if T < self.ids.shape[0]:  # rows a larger call of this bucket left behind: no expert again
-            self.ids[T:].fill_(self.num_experts)
+        views = self.inputs.get(T)
+        if views is None:
+            views = self.inputs[T] = [self.x[:T], self.ids[:T], self.weights[:T]]
+        torch._foreach_copy_(views, [x, topk_ids, topk_weights])
+        if T < self.rows:
+            self.ids[T:self.rows].fill_(self.num_experts)
+        self.rows = T
 
     def __call__(self, x, topk_ids, topk_weights) -> torch.Tensor:
         self._load(x, topk_ids, topk_weights)
         self.graph.replay()
-        return self.out[:x.shape[0]].clone()
+        T = x.shape[0]
+        out = self.outputs.get(T)
+        if out is None:
+            out = self.outputs[T] = self.out[:T]
+        return out.clone()
 
 
 def graphed(run, x, topk_ids, topk_weights, experts, activation) -> torch.Tensor:
