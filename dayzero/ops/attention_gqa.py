@@ -1,12 +1,16 @@
-"""Grouped-query attention over a contiguous key set: causal, optional sliding window, optional sinks.
+"""Grouped-query attention: causal, optional sliding window, optional sinks.
 
 Used by gpt-oss (sliding and full layers, both with sinks) and by any Llama-style GQA layer.
+`paged_gqa_attention` is the op models call: packed queries of a step, keys and values read from the
+paged pool in place (dayzero.ops.paged). `gqa_attention` is the same arithmetic over one contiguous
+key set, the building block of the reference.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dayzero.ops.paged import PagedStream, SeqBatch, query_chunks
 from dayzero.ops.registry import reference_op
 
 
@@ -88,3 +92,40 @@ def gqa_attention(
     probs = torch.softmax(scores, dim=-1)[..., :s]
     out = torch.einsum("bkgts,bskd->btkgd", probs, v.float())
     return out.reshape(b, t, hq, -1).to(q.dtype)
+
+
+@reference_op("paged_gqa_attention")
+def paged_gqa_attention(
+    q: torch.Tensor,
+    k: PagedStream,
+    v: PagedStream,
+    seqs: SeqBatch,
+    scale: float,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal GQA of a packed step over keys and values read from the paged pool; [N, Hq, Dv] in q.dtype.
+
+    q [N, Hq, D]: the step's queries, sequence b's at rows seqs.query_start[b] : [b + 1], at positions
+    context_len[b] ... seq_len[b] - 1; k, v: streams of entries [Hkv, D] / [Hkv, Dv] (rate 1) that already
+    hold this step's keys. Query at position p of sequence b sees its keys j <= p, with a sliding window
+    W also p - j < W (pages wholly before a window are never read: they may be reclaimed). Sinks and
+    arithmetic as `gqa_attention` (float32 scores, softmax and sum).
+    Reference: per sequence, queries in chunks so that scores stay O(chunk x keys)."""
+    if q.dim() != 3 or q.shape[0] != seqs.num_tokens:
+        raise ValueError(f"paged_gqa_attention: q must be [num_tokens={seqs.num_tokens}, heads, dim], got {tuple(q.shape)}")
+    if k.rate != 1 or v.rate != 1 or len(k.entry_shape) != 2 or len(v.entry_shape) != 2:
+        raise ValueError(f"paged_gqa_attention: k and v must be streams of [kv_heads, dim] entries, one per token; got "
+                         f"{k.entry_shape} (rate {k.rate}) and {v.entry_shape} (rate {v.rate})")
+    out = q.new_empty((q.shape[0], q.shape[1], v.entry_shape[-1]))
+    for b in range(seqs.num_seqs):
+        q0, ctx, total = seqs.query_start_host[b], seqs.context_lens[b], seqs.seq_lens_host[b]
+        t = total - ctx
+        chunk = query_chunks(t, total if sliding_window is None else min(total, sliding_window + t), q.shape[1])
+        for lo in range(0, t, chunk):
+            hi = min(t, lo + chunk)
+            first = 0 if sliding_window is None else max(0, ctx + lo - sliding_window + 1)
+            keys, values = k.gather(b, first, ctx + hi), v.gather(b, first, ctx + hi)
+            out[q0 + lo:q0 + hi] = gqa_attention.reference.fn(q[None, q0 + lo:q0 + hi], keys[None], values[None], scale,
+                                                              sliding_window, sinks)[0]
+    return out

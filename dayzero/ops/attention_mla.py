@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from dayzero.ops.attention_gqa import padding_mask
+from dayzero.ops.paged import PagedStream, SeqBatch, query_chunks
 from dayzero.ops.registry import reference_op
 
 
@@ -116,3 +117,46 @@ def sparse_mla_attention(
     latent = torch.gather(kv_latent, 1, flat[..., None].expand(-1, -1, kv_latent.shape[-1])).view(b, t, -1, kv_latent.shape[-1])
     pe = torch.gather(k_pe, 1, flat[..., None].expand(-1, -1, k_pe.shape[-1])).view(b, t, -1, k_pe.shape[-1])
     return _absorbed(q_nope, q_pe, latent, pe, w_uk, w_uv, scale, visible, "tsc")
+
+
+@reference_op("paged_mla_attention")
+def paged_mla_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_latent: PagedStream,
+    k_pe: PagedStream,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+    seqs: SeqBatch,
+) -> torch.Tensor:
+    """Causal MLA of a packed step over latents read from the paged pool (module docstring's
+    equations); [N, H, Dv] in q_nope.dtype.
+
+    q_nope [N, H, Dn], q_pe [N, H, Dr] (rotated), sequence b's at rows seqs.query_start[b] : [b + 1];
+    kv_latent, k_pe: streams of [C] / [Dr] entries (rate 1) that already hold this step's keys.
+    Query at position p of sequence b sees its keys j <= p. Kernels may compute the expanded form
+    (prefill) or the absorbed one (decode): both equal this up to float rounding.
+    Reference: per sequence, absorbed, queries in chunks (scores O(chunk x keys))."""
+    n, h = q_nope.shape[:2]
+    if q_nope.dim() != 3 or q_pe.dim() != 3 or n != seqs.num_tokens or q_pe.shape[:2] != (n, h):
+        raise ValueError(f"paged_mla_attention: q_nope {tuple(q_nope.shape)} and q_pe {tuple(q_pe.shape)} must be "
+                         f"[num_tokens={seqs.num_tokens}, heads, dim]")
+    if kv_latent.rate != 1 or k_pe.rate != 1 or len(kv_latent.entry_shape) != 1 or len(k_pe.entry_shape) != 1:
+        raise ValueError(f"paged_mla_attention: kv_latent and k_pe must be streams of vectors, one per token; got "
+                         f"{kv_latent.entry_shape} and {k_pe.entry_shape}")
+    out = q_nope.new_empty((n, h, w_uv.shape[1]))
+    for b in range(seqs.num_seqs):
+        q0, ctx, total = seqs.query_start_host[b], seqs.context_lens[b], seqs.seq_lens_host[b]
+        t = total - ctx
+        chunk = query_chunks(t, total, h)
+        for lo in range(0, t, chunk):
+            hi = min(t, lo + chunk)
+            latent, pe = kv_latent.gather(b, 0, ctx + hi), k_pe.gather(b, 0, ctx + hi)
+            rows = torch.arange(ctx + lo, ctx + hi, device=latent.device)[:, None]
+            visible = (torch.arange(ctx + hi, device=latent.device)[None, :] <= rows)[None]
+            rng = slice(q0 + lo, q0 + hi)
+            _check_mla(q_nope[None, rng], q_pe[None, rng], latent[None], pe[None], w_uk, w_uv, "paged_mla_attention")
+            out[rng] = _absorbed(q_nope[None, rng], q_pe[None, rng], latent[None], pe[None], w_uk, w_uv, scale,
+                                 visible, "sc")[0]
+    return out

@@ -1,0 +1,137 @@
+"""Paged streams and the packed batch of a step: how attention ops read the KV pool in place.
+
+A **stream** is one layer's cache of one kind (GQA keys or values, MLA latents or rope keys, index
+keys, compressed entries): one entry of fixed shape per `rate` tokens of a sequence, stored in the
+pages of its cache group's block pool (dayzero.cache.paged). `PagedStream` is what an op gets:
+    data        [num_blocks, per_block, *entry]   a strided view of the pool's arena (stride(0) is the
+                page size, not per_block * entry); float (model dtype) or float8_e4m3fn
+    scales      float32 [num_blocks, per_block, *entry[:-1], ceil(entry[-1] / 128)] for an FP8 stream
+                (one scale per FP8_GROUP values of the last dim, value = data * scale), else None
+    block_table int32 [num_seqs, max_blocks] of the stream's cache group: row b is sequence b's pages
+                in token order; -1 marks a page that is never read (reclaimed out of a sliding window,
+                or past the sequence's end)
+    block_size  tokens per page; rate: tokens per entry (1, or a compression ratio)
+Entry e of sequence b (it pools tokens [e * rate, (e + 1) * rate)) lives in page
+block_table[b, e * rate // block_size] at offset (e * rate % block_size) // rate when a page holds
+several entries (rate divides block_size), at offset 0 when it holds one (rate a multiple of it).
+
+A **SeqBatch** is the packed step: the tokens of all scheduled sequences in one [num_tokens] row,
+sequence b's tokens at rows query_start[b] : query_start[b + 1]. After this step sequence b holds
+seq_lens[b] tokens, so its queries sit at positions seq_lens[b] - query_len[b] ... seq_lens[b] - 1
+(its first context_len[b] tokens were computed by earlier steps and are read from the cache).
+Device tensors (int32) are what kernels read; the host lists are what the reference ops loop over
+and what shape decisions use, so no op reads a device value back to the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+
+from dayzero.formats.fp8 import dequantize_activation_groups
+
+FP8_GROUP = 128  # values per float32 scale along an FP8 stream's last dim
+
+
+@dataclass(frozen=True)
+class SeqBatch:
+    query_start: torch.Tensor  # int32 [num_seqs + 1], device
+    seq_lens: torch.Tensor  # int32 [num_seqs], device: tokens of each sequence after this step
+    query_start_host: tuple[int, ...]
+    seq_lens_host: tuple[int, ...]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_host)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.query_start_host[-1]
+
+    @cached_property
+    def query_lens(self) -> tuple[int, ...]:
+        q = self.query_start_host
+        return tuple(q[i + 1] - q[i] for i in range(len(q) - 1))
+
+    @cached_property
+    def context_lens(self) -> tuple[int, ...]:
+        """Tokens of each sequence computed before this step (read from the cache only)."""
+        return tuple(s - t for s, t in zip(self.seq_lens_host, self.query_lens))
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens, default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_host, default=0)
+
+    @cached_property
+    def is_decode(self) -> bool:
+        """Every sequence computes exactly one token."""
+        return all(t == 1 for t in self.query_lens)
+
+    @staticmethod
+    def build(query_lens: list[int], seq_lens: list[int], device: torch.device | str) -> "SeqBatch":
+        """A SeqBatch from host lengths (tests and the reference paths; the runner builds its own from
+        one pinned transfer)."""
+        if len(query_lens) != len(seq_lens) or any(t < 0 or t > s for t, s in zip(query_lens, seq_lens)):
+            raise ValueError(f"SeqBatch: query_lens {query_lens} must pair with seq_lens {seq_lens}, each <= its seq_len")
+        starts = [0]
+        for t in query_lens:
+            starts.append(starts[-1] + t)
+        return SeqBatch(torch.tensor(starts, dtype=torch.int32, device=device),
+                        torch.tensor(seq_lens, dtype=torch.int32, device=device), tuple(starts), tuple(seq_lens))
+
+
+@dataclass(frozen=True)
+class PagedStream:
+    data: torch.Tensor
+    block_table: torch.Tensor
+    block_size: int
+    rate: int = 1
+    scales: torch.Tensor | None = None
+    dtype: torch.dtype | None = field(default=None)  # what reads return (an FP8 stream: the model dtype)
+
+    @property
+    def per_block(self) -> int:
+        return self.data.shape[1]
+
+    @property
+    def entry_shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape[2:])
+
+    @property
+    def read_dtype(self) -> torch.dtype:
+        return self.dtype or self.data.dtype
+
+    def locations(self, seq: int, entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(page, offset) of entries [n] (long, entry numbers) of sequence `seq`."""
+        tokens = entries * self.rate
+        pages = self.block_table[seq].long()[tokens // self.block_size]
+        offsets = (tokens % self.block_size) // self.rate if self.per_block > 1 else torch.zeros_like(tokens)
+        return pages, offsets
+
+    def gather(self, seq: int, lo: int, hi: int) -> torch.Tensor:
+        """Entries lo ... hi - 1 of sequence `seq` as a [hi - lo, *entry] tensor of read_dtype."""
+        entries = torch.arange(lo, hi, device=self.data.device)
+        return self.read(*self.locations(seq, entries))
+
+    def gather_at(self, seq: int, entries: torch.Tensor) -> torch.Tensor:
+        """The entries at numbers entries [...] (long, >= 0) of sequence `seq`: [..., *entry]."""
+        pages, offsets = self.locations(seq, entries.reshape(-1))
+        return self.read(pages, offsets).view(*entries.shape, *self.entry_shape)
+
+    def read(self, pages: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        values = self.data[pages, offsets]
+        if self.scales is None:
+            return values
+        return dequantize_activation_groups(values, self.scales[pages, offsets], FP8_GROUP, self.read_dtype)
+
+
+def query_chunks(num_queries: int, num_keys: int, heads: int, budget: int = 1 << 26) -> int:
+    """Queries per chunk of a reference attention so that its float32 scores [heads, chunk, keys]
+    stay under `budget` elements (256 MiB): memory O(tokens x chunk), not O(tokens^2)."""
+    return max(1, min(num_queries, budget // max(1, num_keys * heads)))
