@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from dayzero.models.base import CausalLM, KVCache, WeightTarget
+from dayzero.models.base import CausalLM, WeightTarget
 from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec
 
 # model file (module under dayzero.models) for each family; the module registers its classes on import
@@ -85,4 +85,4 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
     return model
 
 
-__all__ = ["CausalLM", "KVCache", "MODELS", "WeightTarget", "load_model", "model_class", "read_config", "register_model"]
+__all__ = ["CausalLM", "MODELS", "WeightTarget", "load_model", "model_class", "read_config", "register_model"]

@@ -29,8 +29,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, cache_lens, cache_select, copy_target,
-                                  empty_param)
+from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -39,7 +38,6 @@ from dayzero.spec import ModelSpec, UnsupportedModelError
 FP8_BLOCK = (128, 128)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 INDEXER_NORM_EPS = 1e-6
-QUERY_BLOCK = 1024  # DSA queries scored and attended per block (scores are [block, keys] per indexer head)
 
 
 def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
@@ -96,20 +94,15 @@ class Indexer(nn.Module):
         return torch.cat([rot, x[..., self.rope_dim:]], dim=-1)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden] -> rotated index keys [B, T, head_dim]."""
-        b, t, _ = x.shape
+        """x [N, hidden] -> rotated index keys [N, head_dim]."""
         k = ops.layer_norm(self.wk(x), self.k_norm.weight, self.k_norm.bias, INDEXER_NORM_EPS)
-        return self._rotate(k.reshape(b * t, -1), cos, sin).view(b, t, -1)
+        return self._rotate(k, cos, sin)
 
-    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys: torch.Tensor, cos, sin,
-               kv_lens: torch.Tensor | None = None) -> torch.Tensor:
-        """Top-k key indices [B, T, topk] (-1 padded) for the T queries over all cached `keys`."""
-        b, t, _ = x.shape
-        q = self.wq_b(q_latent).view(b * t, self.heads, self.head_dim)
-        q = self._rotate(q, cos, sin).view(b, t, self.heads, self.head_dim)
+    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys, cos, sin, seqs) -> torch.Tensor:
+        """Top-k key positions int32 [N, topk] (-1 padded) of each query among its sequence's keys."""
+        q = self._rotate(self.wq_b(q_latent).view(x.shape[0], self.heads, self.head_dim), cos, sin)
         weights = self.weights_proj(x.float()) * self.heads**-0.5
-        scores = ops.lightning_indexer(q, keys, weights, self.head_dim**-0.5)
-        return ops.topk_select(scores, self.topk, kv_lens)
+        return ops.paged_index_topk(q, weights, keys, self.head_dim**-0.5, self.topk, seqs)
 
 
 class MLAttention(nn.Module):
@@ -144,55 +137,31 @@ class MLAttention(nn.Module):
         self.register_buffer("w_uk", w[:, : self.nope].contiguous(), persistent=False)
         self.register_buffer("w_uv", w[:, self.nope:].contiguous(), persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]. Cache streams: "kv_latent" [C],
+        "k_pe" [Dr] and, with DSA, "index_k" [index_head_dim]."""
+        n = x.shape[0]
         if self.q_rank is None:
             q_latent, q = None, self.q_proj(x)
         else:
             q_latent = self.q_a_layernorm(self.q_a_proj(x))
             q = self.q_b_proj(q_latent)
-        q = q.view(b * t, self.heads, self.nope + self.rope_dim)
-        q_nope = q[..., : self.nope].reshape(b, t, self.heads, self.nope)
-        q_pe = ops.rope(q[..., self.nope:], cos, sin, interleaved=self.interleaved).view(b, t, self.heads, self.rope_dim)
-
+        q = q.view(n, self.heads, self.nope + self.rope_dim)
+        q_nope = q[..., : self.nope]
+        q_pe = ops.rope(q[..., self.nope:], cos, sin, interleaved=self.interleaved)
         kv = self.kv_a_proj_with_mqa(x)
-        latent = self.kv_a_layernorm(kv[..., : self.rank])
-        k_pe = ops.rope(kv[..., self.rank:].reshape(b * t, self.rope_dim), cos, sin, interleaved=self.interleaved)
-        k_pe = k_pe.view(b, t, self.rope_dim)
-        kv_lens = cache_lens(layer_cache, "kv_latent")
+        latent = cache.append("kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
+        k_pe = cache.append("k_pe", ops.rope(kv[..., self.rank:], cos, sin, interleaved=self.interleaved))
+        seqs = cache.seqs
         if self.indexer is not None:
-            index_keys = cache_append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
-            if index_keys.shape[1] > self.indexer.topk:  # sparse: only the selected entries are read
-                latent = cache_append(layer_cache, "kv_latent", latent, read=False)
-                k_pe = cache_append(layer_cache, "k_pe", k_pe, read=False)
-                out = self._sparse(x, q_latent, q_nope, q_pe, cos, sin, index_keys, latent, k_pe, kv_lens, layer_cache)
-                return self.o_proj(out.reshape(b, t, -1))
-        latent = cache_append(layer_cache, "kv_latent", latent)
-        k_pe = cache_append(layer_cache, "k_pe", k_pe)
-        out = ops.mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, kv_lens)
-        return self.o_proj(out.reshape(b, t, -1))
-
-    def _sparse(self, x, q_latent, q_nope, q_pe, cos, sin, index_keys, latent, k_pe, kv_lens, layer_cache):
-        """DSA over blocks of at most QUERY_BLOCK queries (block-wise prefill bounds the [queries, keys]
-        score memory); each block sees the keys up to its last query, selects its top-k, and gathers
-        only those latents (through the page table when the cache is paged)."""
-        b, t = x.shape[:2]
-        keys = index_keys.shape[1]
-        cos, sin = cos.view(b, t, -1), sin.view(b, t, -1)
-        outs = []
-        for lo in range(0, t, QUERY_BLOCK):
-            hi = min(lo + QUERY_BLOCK, t)
-            cut = t - hi  # keys after this block's last query
-            lens = None if kv_lens is None else kv_lens - cut
-            rows = slice(lo, hi)
-            selected = self.indexer.select(x[:, rows], q_latent[:, rows], index_keys[:, :keys - cut],
-                                           cos[:, rows].reshape(-1, cos.shape[-1]), sin[:, rows].reshape(-1, sin.shape[-1]),
-                                           lens)
-            picked_latent, local = cache_select(layer_cache, "kv_latent", latent, selected)
-            picked_pe, _ = cache_select(layer_cache, "k_pe", k_pe, selected)
-            outs.append(ops.sparse_mla_attention(q_nope[:, rows], q_pe[:, rows], picked_latent, picked_pe, self.w_uk,
-                                                 self.w_uv, self.scale, local))
-        return torch.cat(outs, dim=1)
+            index_keys = cache.append("index_k", self.indexer.keys(x, cos, sin))
+            if seqs.max_seq_len > self.indexer.topk:  # sparse; below, every key is selected: dense MLA is the same
+                selected = self.indexer.select(x, q_latent, index_keys, cos, sin, seqs)
+                out = ops.paged_sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, seqs,
+                                                     selected)
+                return self.o_proj(out.reshape(n, -1))
+        out = ops.paged_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, seqs)
+        return self.o_proj(out.reshape(n, -1))
 
 
 def _softmax_mscale(config: dict) -> float:
@@ -356,19 +325,16 @@ class DeepseekV3ForCausalLM(CausalLM):
         for layer in self.model.layers:
             layer.self_attn.post_load()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
-        b, t = input_ids.shape
-        cos, sin = self.rope.cos_sin(positions.reshape(b * t))
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        cos, sin = self.rope.cos_sin(positions)
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, None if cache is None else cache.layers[i])
+            x = layer(x, cos, sin, cache.layers[i])
+        if cache.logits_indices is not None:
+            x = x[cache.logits_indices]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        logits = ops.linear(x, head).float()
-        if cache is not None:
-            cache.length += t
-        return logits
+        return ops.linear(x, head).float()
 
 
 @register_model

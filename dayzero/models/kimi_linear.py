@@ -18,9 +18,10 @@ Decoder layer i:  h = x + self_attn(input_layernorm(x));  out = h + MLP(post_att
         experts + routed experts, routed by sigmoid scores with a correction bias (selection only),
         group-limited top-k, renormalised (`moe_renormalize`) and scaled by routed_scaling_factor:
         exactly DeepSeek-V3's noaux_tc router (ops/routing_deepseek.py).
-Cache per layer (`cache.layers[i]`): KDA: `conv_q`, `conv_k`, `conv_v` [B, H*d, K-1] (the last K-1
-projected inputs) and `recurrent` float32 [B, H, d, d], fixed-size; MLA: `kv_latent` [B, S, C] and
-`k_pe` [B, S, Dr] per token.
+Cache per layer (`cache.layers[i]`): KDA: states `conv_q`, `conv_k`, `conv_v` [H*d, K-1] (the last
+K-1 projected inputs) and `recurrent` float32 [H, d, d] per sequence; MLA: streams `kv_latent` [C]
+and `k_pe` [Dr] per token. KDA runs on [B, T] blocks of the packed step: each run of consecutive
+sequences with the same query length (decodes: T = 1, the recurrent form) is one block.
 
 Checkpoint (the released names, as transformers also saves them), per layer `model.layers.{i}.`:
     self_attn.{q,k,v}_proj, self_attn.{q,k,v}_conv1d.weight [H*d, 1, K], self_attn.{f_a,f_b,b,g_a,g_b,o}_proj,
@@ -56,8 +57,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, cache_lens, collect_weight_targets,
-                                  copy_target, empty_param)
+from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
@@ -81,12 +81,9 @@ class ShortConv(nn.Module):
         super().__init__()
         self.weight = empty_param((channels, 1, kernel), dtype, device)
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None, name: str) -> torch.Tensor:
-        state = None if layer_cache is None else layer_cache.get(name)
-        y, state = ops.short_conv1d(x, self.weight[:, 0], state, "silu")
-        if layer_cache is not None:
-            layer_cache[name] = state
-        return y
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, channels], state [B, channels, K - 1] or None (zeros) -> (y, new state)."""
+        return ops.short_conv1d(x, self.weight[:, 0], state, "silu")
 
 
 class DeltaAttention(nn.Module):
@@ -133,25 +130,38 @@ class DeltaAttention(nn.Module):
         targets[prefix + "A_log"] = WeightTarget(TensorSpec(None, FLOAT_DTYPES), assign)
         return targets
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
-        heads = (b, t, self.heads, self.head_dim)
-        q = self.q_conv1d(self.q_proj(x), layer_cache, "conv_q").view(heads)
-        k = self.k_conv1d(self.k_proj(x), layer_cache, "conv_k").view(heads)
-        v = self.v_conv1d(self.v_proj(x), layer_cache, "conv_v").view(heads)
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
+        n = x.shape[0]
+        heads = (n, self.heads, self.head_dim)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         g = ops.kda_gate(self.f_b_proj(self.f_a_proj(x)).view(heads), self.A_log.view(-1), self.dt_bias,
                          self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x))
-        state = None if layer_cache is None else layer_cache.get("recurrent")
-        if t == 1:  # decode
-            o, state = ops.kda_recurrent(q, k, v, g, beta, state)
-        else:
-            o, state = ops.kda_chunk(q, k, v, g, beta, state, chunk_size=KDA_CHUNK_SIZE)
-        if layer_cache is not None:
-            layer_cache["recurrent"] = state
+        names = ("conv_q", "conv_k", "conv_v", "recurrent")
+        states = [cache.get(name) for name in names]
+        outs, new_states = [], [[] for _ in names]
+        seqs = cache.seqs
+        for first, end, t in seqs.runs:  # [B, T] blocks of consecutive sequences with equal query length
+            rows = slice(seqs.query_start_host[first], seqs.query_start_host[end])
+            shape = (end - first, t, self.heads, self.head_dim)
+            part = [None if s is None else s[first:end] for s in states]
+            parts = []
+            for j, (conv, proj) in enumerate(((self.q_conv1d, q), (self.k_conv1d, k), (self.v_conv1d, v))):
+                y, st = conv(proj[rows].view(end - first, t, -1), part[j])
+                parts.append(y.view(shape))
+                new_states[j].append(st)
+            step = ops.kda_recurrent if t == 1 else ops.kda_chunk
+            kwargs = {} if t == 1 else {"chunk_size": KDA_CHUNK_SIZE}
+            o, st = step(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), part[3], **kwargs)
+            outs.append(o.reshape(-1, self.heads, self.head_dim))
+            new_states[3].append(st)
+        for name, parts in zip(names, new_states):
+            cache[name] = torch.cat(parts)
+        o = torch.cat(outs) if len(outs) > 1 else outs[0]
         gate = (self.g_proj(x) if self.full_rank_gate else self.g_b_proj(self.g_a_proj(x))).view(heads)
         out = ops.gated_rms_norm(o, gate, self.o_norm.weight, self.eps)
-        return self.o_proj(out.reshape(b, t, -1))
+        return self.o_proj(out.reshape(n, -1))
 
 
 
@@ -186,16 +196,17 @@ class MLAttention(nn.Module):
         self.register_buffer("w_uk", w[:, : self.nope].contiguous(), persistent=False)
         self.register_buffer("w_uv", w[:, self.nope:].contiguous(), persistent=False)
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
+        n = x.shape[0]
         q = self.q_proj(x) if self.q_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(b, t, self.heads, self.nope + self.rope_dim)
+        q = q.view(n, self.heads, self.nope + self.rope_dim)
         kv = self.kv_a_proj_with_mqa(x)
-        latent = cache_append(layer_cache, "kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
-        k_pe = cache_append(layer_cache, "k_pe", kv[..., self.rank:])  # NoPE: the shared key dims stay unrotated
-        out = ops.mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv, self.scale,
-                                cache_lens(layer_cache, "kv_latent"))
-        out = out.reshape(b, t, -1)
+        latent = cache.append("kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
+        k_pe = cache.append("k_pe", kv[..., self.rank:].contiguous())  # NoPE: the shared key dims stay unrotated
+        out = ops.paged_mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv,
+                                      self.scale, cache.seqs)
+        out = out.reshape(n, -1)
         if self.g_proj is not None:
             out = self.g_proj(out, x)
         return self.o_proj(out)
@@ -314,13 +325,13 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(hidden, layer.mlp.intermediate_size, layer.mlp.activation, dtype, device)
 
-    def attend(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, layer_cache) -> torch.Tensor:
         return self.self_attn(self.input_layernorm(x), layer_cache)
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         return (self.block_sparse_moe if self.moe else self.mlp)(self.post_attention_layernorm(h))
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer_cache) -> torch.Tensor:
         h = x + self.attend(x, layer_cache)
         return h + self.feed_forward(h)
 
@@ -393,23 +404,20 @@ class KimiLinearForCausalLM(CausalLM):
             if isinstance(layer.self_attn, MLAttention):
                 layer.self_attn.post_load()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """NoPE model: positions are checked but not used (KDA's recurrence carries order)."""
-        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """NoPE model: positions are not used (KDA's recurrence carries order)."""
         x = self.model.embed_tokens(input_ids)
-        caches = [None] * len(self.model.layers) if cache is None else cache.layers
         if self.attn_res_block is None:
-            for layer, layer_cache in zip(self.model.layers, caches):
+            for layer, layer_cache in zip(self.model.layers, cache.layers):
                 x = layer(x, layer_cache)
         else:  # Block Attention Residuals: token-local, nothing of it is cached (k3_parts.AttentionResidualState)
             state = AttentionResidualState(x, self.attn_res_block)
-            for i, (layer, layer_cache) in enumerate(zip(self.model.layers, caches)):
+            for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
                 state.add(layer.attend(state.attention_input(layer.self_attention_res, i), layer_cache))
                 state.add(layer.feed_forward(state.mlp_input(layer.mlp_res)))
             x = state.output(self.model.output_attn_res)
+        if cache.logits_indices is not None:
+            x = x[cache.logits_indices]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        logits = ops.linear(x, head).float()
-        if cache is not None:
-            cache.length += input_ids.shape[1]
-        return logits
+        return ops.linear(x, head).float()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from dayzero.ops.attention_gqa import padding_mask
+from dayzero.ops.paged import PagedStream, SeqBatch, query_chunks
 from dayzero.ops.registry import reference_op
 
 
@@ -67,3 +68,29 @@ def topk_select(scores: torch.Tensor, k: int, kv_lens: torch.Tensor | None = Non
     if k > s:
         indices = torch.cat([indices, indices.new_full((b, t, k - s), -1)], dim=-1)
     return indices
+
+
+@reference_op("paged_index_topk")
+def paged_index_topk(q: torch.Tensor, weights: torch.Tensor, index_k: PagedStream, scale: float, k: int,
+                     seqs: SeqBatch) -> torch.Tensor:
+    """DSA's selection for a packed step: for each query, the k best-scoring of its sequence's keys at
+    positions <= its own (`lightning_indexer` scores, `topk_select` order and -1 padding), the keys read
+    from the paged `index_k` stream ([Di] entries, rate 1).
+
+    q [N, Hi, Di] (rotated), weights [N, Hi]; returns int32 [N, k]: key positions within the query's
+    sequence, -1 where it sees fewer than k keys. Reference: per sequence, queries in chunks."""
+    if q.dim() != 3 or weights.shape != q.shape[:2] or q.shape[0] != seqs.num_tokens:
+        raise ValueError(f"paged_index_topk: q must be [num_tokens={seqs.num_tokens}, heads, dim] and weights "
+                         f"[num_tokens, heads]; got {tuple(q.shape)}, {tuple(weights.shape)}")
+    out = torch.full((q.shape[0], k), -1, dtype=torch.int32, device=q.device)
+    for b in range(seqs.num_seqs):
+        q0, ctx, total = seqs.query_start_host[b], seqs.context_lens[b], seqs.seq_lens_host[b]
+        t = total - ctx
+        chunk = query_chunks(t, total, q.shape[1])
+        for lo in range(0, t, chunk):
+            hi = min(t, lo + chunk)
+            keys = index_k.gather(b, 0, ctx + hi)
+            rows = slice(q0 + lo, q0 + hi)
+            scores = lightning_indexer.reference.fn(q[None, rows], keys[None], weights[None, rows], scale)
+            out[rows] = topk_select.reference.fn(scores, k)[0].to(torch.int32)
+    return out

@@ -97,10 +97,10 @@ def test_cache_keeps_indexer_keys(models):
     cache = ours.new_cache(2)
     with torch.no_grad():
         ours(ids, positions(ids), cache)
-    layer = cache.layers[0]
-    assert layer["kv_latent"].shape == (2, 11, V3_DIMS["kv_lora_rank"])
-    assert layer["k_pe"].shape == (2, 11, V3_DIMS["qk_rope_head_dim"])
-    assert layer["index_k"].shape == (2, 11, V32_DIMS["index_head_dim"])
+    streams = {s.name: s.shape for s in cache.layout.streams if s.layer == 0}
+    assert streams == {"kv_latent": (V3_DIMS["kv_lora_rank"],), "k_pe": (V3_DIMS["qk_rope_head_dim"],),
+                       "index_k": (V32_DIMS["index_head_dim"],)}
+    assert cache.length == 11
 
 
 def test_bfloat16_runs(checkpoint, models):
@@ -122,15 +122,16 @@ def test_v32_needs_the_q_latent():
 
 
 def test_block_wise_prefill_equals_transformers(models, monkeypatch):
-    """Queries scored and attended in blocks of 7 (each block sees the keys up to its last query)
-    give the one-block result."""
-    from dayzero.models import deepseek_v3
+    """Queries scored and attended in chunks of 7 (each chunk sees the keys up to its last query)
+    give the one-chunk result."""
+    from dayzero.ops import attention_mla, dsa
 
     ours, hf = models
     ids = prompt(2, 45)
     with torch.no_grad():
         whole = ours(ids, positions(ids))
-        monkeypatch.setattr(deepseek_v3, "QUERY_BLOCK", 7)
+        for module in (attention_mla, dsa):
+            monkeypatch.setattr(module, "query_chunks", lambda *args: 7)
         blocks = ours(ids, positions(ids))
         want = hf(ids).logits
     assert rel_err(blocks, whole) <= 1e-5 and rel_err(blocks, want) <= 1e-4

@@ -92,8 +92,6 @@ def test_prefill_then_decode_matches_full_forward(models, length):
             steps.append(ours(ids[:, start:end], positions(ids[:, start:end], start), cache))
     assert cache.length == length + 12
     assert rel_err(torch.cat(steps, dim=1), full) <= 1e-5
-    # sliding layers keep only the keys the next token can still see
-    assert cache.layers[0]["k"].shape[1] == WINDOW - 1 and cache.layers[1]["k"].shape[1] == length + 12
 
 
 @pytest.mark.parametrize("length", (5, 40))

@@ -90,11 +90,11 @@ def test_chunked_prefill_matches_full_forward(models):
             start += size
         full = ours(ids, positions(ids))
     assert cache.length == 150
-    kda_cache = cache.layers[0]
-    assert kda_cache["recurrent"].shape == (3, KDA_HEADS, KDA_HEAD_DIM, KDA_HEAD_DIM)
-    assert kda_cache["recurrent"].dtype == torch.float32
-    assert kda_cache["conv_q"].shape == (3, KDA_HEADS * KDA_HEAD_DIM, 3)
-    assert cache.layers[1]["kv_latent"].shape == (3, 150, DIMS["kv_lora_rank"])
+    states = cache.storage.states  # per sequence slot: KDA's fixed-size state; MLA layers cache per token
+    assert states[0, "recurrent"].shape == (3, KDA_HEADS, KDA_HEAD_DIM, KDA_HEAD_DIM)
+    assert states[0, "recurrent"].dtype == torch.float32
+    assert states[0, "conv_q"].shape == (3, KDA_HEADS * KDA_HEAD_DIM, 3)
+    assert cache.storage.specs[1, "kv_latent"].shape == (DIMS["kv_lora_rank"],) and (1, "recurrent") not in states
     assert rel_err(torch.cat(pieces, dim=1), full) <= 1e-5
 
 
