@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from dayzero.models import load_model
-from dayzero.spec import UnsupportedModelError, load_spec
 from tests.models.deepseek_checkpoints import (V3_DIMS, V32_DIMS, build_deepseek_v32_checkpoint, load_reference,
                                               positions, prompt, rel_err)
-from tests.models.helpers import assert_greedy_matches_transformers
+from tests.models.helpers import assert_greedy_matches_transformers, assert_refused
 
 TOPK = V32_DIMS["index_topk"]
 
@@ -113,12 +112,8 @@ def test_bfloat16_runs(checkpoint, models):
     assert float(((got - want).abs().amax(-1) / want.abs().amax(-1)).median()) <= 5e-2
 
 
-def test_v32_needs_the_q_latent():
-    from dayzero.models.deepseek_v3 import DeepseekV32ForCausalLM
-
-    config = {"model_type": "deepseek_v32", **V3_DIMS, **V32_DIMS, "q_lora_rank": None}
-    with pytest.raises(UnsupportedModelError, match="q_lora_rank"):
-        DeepseekV32ForCausalLM(load_spec(config), config, dtype=torch.float32, device="cpu")
+def test_v32_needs_the_q_latent(tmp_path):
+    assert_refused(tmp_path, {"model_type": "deepseek_v32", **V3_DIMS, **V32_DIMS, "q_lora_rank": None}, "q_lora_rank")
 
 
 def test_block_wise_prefill_equals_transformers(models, monkeypatch):
