@@ -23,6 +23,7 @@ tests compare against them. A value the engine cannot handle raises `Unsupported
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -64,6 +65,7 @@ _DEEPSEEK_V3_DEFAULTS = dict(
     qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3,
     norm_topk_prob=True, hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6,
     tie_word_embeddings=False, attention_bias=False, rope_interleave=True,
+    rope_parameters={"rope_type": "default"},  # rope_theta: the top-level field, else 10000 (DEEPSEEK_ROPE_THETA)
     # the MTP layer: transformers' config says 1 and its model skips `model.layers.61.*`
     num_nextn_predict_layers=1,
     scoring_func="sigmoid", topk_method="noaux_tc", moe_layer_freq=1,
@@ -80,12 +82,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_limit=10.0, sliding_window=128, o_groups=8, o_lora_rank=1024,
         index_n_heads=64, index_head_dim=128, index_topk=512, num_nextn_predict_layers=1, hidden_act="silu",
         rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        # nested as transformers nests it; thetas come from rope_theta / compress_rope_theta
+        rope_parameters={"main": {"rope_type": "default"}, "compress": {"rope_type": "default"}},
     ),
     "gpt_oss": dict(
         num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880, intermediate_size=2880,
         head_dim=64, num_attention_heads=64, num_key_value_heads=8, sliding_window=128, tie_word_embeddings=False,
         hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5, num_experts_per_tok=4,
         swiglu_alpha=1.702, swiglu_limit=7.0, attention_bias=True,
+        # rope_theta: the top-level field, else GptOssConfig's 150000 (GPT_OSS_ROPE_THETA)
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
     ),
     "kimi_linear": dict(
         vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=27,
@@ -98,17 +105,22 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     ),
 }
 DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
+# `rope_scaling` is the Hub's older name of `rope_parameters`.
 ALIASES: dict[str, dict[str, str]] = {  # family -> {other accepted name: name in DEFAULTS}
-    "deepseek_v3": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers"},
+    "deepseek_v3": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers",
+                    "rope_scaling": "rope_parameters"},
     "deepseek_v32": {"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts",
-                     "num_mtp_layers": "num_nextn_predict_layers"},
-    "deepseek_v4": {"num_local_experts": "n_routed_experts", "intermediate_size": "moe_intermediate_size"},
-    "gpt_oss": {"num_experts": "num_local_experts"},
+                     "num_mtp_layers": "num_nextn_predict_layers", "rope_scaling": "rope_parameters"},
+    "deepseek_v4": {"num_local_experts": "n_routed_experts", "intermediate_size": "moe_intermediate_size",
+                    "rope_scaling": "rope_parameters"},
+    "gpt_oss": {"num_experts": "num_local_experts", "rope_scaling": "rope_parameters"},
     "kimi_linear": {"max_position_embeddings": "model_max_length", "norm_topk_prob": "moe_renormalize",
                     "n_group": "num_expert_group", "num_local_experts": "num_experts",
                     "num_experts_per_tok": "num_experts_per_token", "n_shared_experts": "num_shared_experts"},
 }
 ALIASES["kimi_k2"] = ALIASES["deepseek_v3"]
+GPT_OSS_ROPE_THETA = 150000.0  # GptOssConfig.default_theta
+DEEPSEEK_ROPE_THETA = 10000.0  # DeepseekV3Config / DeepseekV32Config / DeepseekV4Config default_theta
 WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",)}  # first: the default
 
 
@@ -118,10 +130,11 @@ def with_defaults(cfg: Mapping[str, Any], model_type: str) -> dict:
     out = dict(cfg)
     names = ALIASES.get(model_type, {})
     for alias, name in names.items():
-        if alias in out and name not in out:
+        if out.get(alias) is not None and out.get(name) is None:
             out[name] = out[alias]
     for name, value in DEFAULTS.get(model_type, {}).items():
-        out.setdefault(name, value)
+        if name not in out:
+            out[name] = copy.deepcopy(value)
     return out
 
 
@@ -531,12 +544,12 @@ def _activation(cfg: dict, source: str, *, field_name: str = "hidden_act") -> Ac
     raise UnsupportedModelError(field_name, act, ("silu", "situ"), source)
 
 
-def _context(cfg: dict, *, default_max: int) -> ContextSpec:
+def _context(cfg: dict, *, default_max: int, default_theta: float | None = None) -> ContextSpec:
     max_pos = int(_get(cfg, "max_position_embeddings", "model_max_length", default=default_max))
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if isinstance(rope.get("compress"), dict):  # DeepSeek-V4 nests {main, compress}; yarn lives in compress
         rope = rope["compress"]
-    theta = _get(cfg, "rope_theta", default=rope.get("rope_theta"))
+    theta = _get(cfg, "rope_theta", default=rope.get("rope_theta", default_theta))
     rope_type = rope.get("rope_type", rope.get("type"))
     return ContextSpec(
         max_position_embeddings=max_pos,
@@ -644,7 +657,7 @@ def _load_deepseek_v3(cfg: dict, model_type: str, quant: QuantSpec, source: str)
         quant=quant,
         cross_layer=CrossLayerSpec(),
         vision=None,
-        context=_context(cfg, default_max=163840 if is_v32 else 4096),
+        context=_context(cfg, default_max=163840 if is_v32 else 4096, default_theta=DEEPSEEK_ROPE_THETA),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         mtp_layers=int(_get(cfg, "num_nextn_predict_layers", "num_mtp_layers", default=0) or 0),
         source=source,
@@ -705,9 +718,11 @@ def _load_deepseek_v4(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
 
     scoring = cfg["scoring_func"]
     head_dim = int(cfg.get("head_dim", 512))
-    rope_dim = cfg.get("qk_rope_head_dim")
-    if rope_dim is None:
-        rope_dim = int(head_dim * (cfg.get("partial_rotary_factor") or 64 / 512))
+    factor = cfg.get("partial_rotary_factor")  # transformers: the factor first, legacy qk_rope_head_dim second
+    if factor is None:
+        legacy = cfg.get("qk_rope_head_dim")
+        factor = legacy / head_dim if legacy is not None else 64 / 512
+    rope_dim = int(head_dim * factor)
     heads = int(cfg.get("num_attention_heads", 64))
     top_k = int(cfg.get("num_experts_per_tok", 6))
     inter = int(cfg.get("moe_intermediate_size", 2048))
@@ -797,7 +812,7 @@ def _load_gpt_oss(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
         quant=quant,
         cross_layer=CrossLayerSpec(),
         vision=None,
-        context=_context(cfg, default_max=131072),
+        context=_context(cfg, default_max=131072, default_theta=GPT_OSS_ROPE_THETA),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         source=source,
     )
@@ -917,5 +932,5 @@ def _parse_vision(v: dict, model_type: str, cfg: dict, text_hidden: int) -> Visi
                  int(_get(v, "init_pos_emb_width", "pos_emb_width", default=64))),
         norm="layer_norm",
         bias=True,
-        projector_hidden_size=int(_get(cfg, "projection_hidden_size", default=hidden) or hidden),
+        projector_hidden_size=int(_get(cfg, "projection_hidden_size", default=1152) or hidden),  # Kimi_K25Config's default
     )

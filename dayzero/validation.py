@@ -49,7 +49,7 @@ class _Checker:
 
 def _rope(cfg: dict) -> tuple[str, dict]:
     """(the config field naming the rope type, e.g. "rope_scaling.type", the rope parameters)."""
-    for name in ("rope_parameters", "rope_scaling"):
+    for name in ("rope_scaling", "rope_parameters"):  # as the config wrote it (spec copies rope_scaling over)
         if cfg.get(name):
             params = cfg[name]
             return f"{name}.{'type' if 'type' in params and 'rope_type' not in params else 'rope_type'}", params

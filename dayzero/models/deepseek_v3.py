@@ -34,7 +34,7 @@ from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, 
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.spec import AttentionSpec, ModelSpec
+from dayzero.spec import DEEPSEEK_ROPE_THETA, AttentionSpec, ModelSpec
 from dayzero.weights import Chunk, Layout, Rename, Unstack
 
 FP8_BLOCK = (128, 128)
@@ -306,7 +306,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         config = self.config
         fmts = _Formats(spec, config)
         rope = config.get("rope_parameters") or config.get("rope_scaling")
-        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
+        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
         self.rope = rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
@@ -321,9 +321,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         return LAYOUTS
 
     def ignore_patterns(self) -> tuple[str, ...]:
-        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers)."""
+        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers).
+        With n_shared_experts 0 transformers builds (and saves) zero-width shared experts, which add nothing."""
         n = self.spec.num_layers
-        return tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+        patterns = tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+        if self.spec.experts is not None and not self.spec.experts.num_shared:
+            patterns += (r"\.mlp\.shared_experts\.",)
+        return patterns
 
     def post_load(self) -> None:
         for layer in self.model.layers:

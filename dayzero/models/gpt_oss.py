@@ -33,13 +33,9 @@ from dayzero.models.rotary import rope_from_config
 from dayzero.ops.attention_gqa import gqa_attention
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
-from dayzero.spec import ModelSpec, UnsupportedModelError
+from dayzero.spec import GPT_OSS_ROPE_THETA, ModelSpec, UnsupportedModelError
 from dayzero.weights import FLOAT_DTYPES, TensorSpec
 
-# transformers' GptOssConfig rope when a config names none (the published checkpoints' values)
-DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
-DEFAULT_ROPE_THETA = 150000.0
 
 
 def _gate_up_to_w13(t: torch.Tensor) -> torch.Tensor:
@@ -189,8 +185,8 @@ class GptOssForCausalLM(CausalLM):
 
     @staticmethod
     def _rope(config: dict, head_dim: int, where: str):
-        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or DEFAULT_ROPE)
-        theta = float(params.get("rope_theta", config.get("rope_theta", DEFAULT_ROPE_THETA)))
+        params = dict(config["rope_parameters"])  # transformers' GptOssConfig yarn when a config names none
+        theta = float(params.get("rope_theta", config.get("rope_theta", GPT_OSS_ROPE_THETA)))
         try:
             return rope_from_config(params, head_dim, theta, config.get("max_position_embeddings"))
         except ValueError:
