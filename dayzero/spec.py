@@ -18,7 +18,10 @@ MLP kinds: dense | moe | hash_moe (DeepSeek-V4's first layers route by token id)
 
 Layer-type lists follow transformers' config classes exactly (DeepSeek-V4 `layer_types` /
 `compress_ratios` / default interleave, Kimi Linear's 1-based `linear_attn_config` lists), and
-tests compare against them. A value the engine cannot handle raises `UnsupportedModelError`.
+tests compare against them. A field missing from the config takes the default transformers' config
+class gives it (DEFAULTS, `resolve_config`); the parsed spec is then checked by
+dayzero.validation.check_supported, the one check inspect and the model loader share: a value the
+engine cannot handle raises `UnsupportedModelError`.
 """
 
 from __future__ import annotations
