@@ -17,9 +17,11 @@ followed by one-token decode steps computes what one full forward computes. It r
 form on a paged cache of its own (dayzero.cache.local).
 
 Weights are loaded by name. By default a module's parameters are filled from the checkpoint tensor
-of the same dotted name, so a model file mirrors the checkpoint's names. A module whose memory
-layout differs from the checkpoint's (stacked experts, renamed tensors) overrides
-`weight_targets(prefix)` and maps each checkpoint name to a `WeightTarget`.
+of the same dotted name, so a model file mirrors the release checkpoint's names. A module whose
+memory layout differs from the checkpoint's (stacked experts, renamed tensors) overrides
+`weight_targets(prefix)` and maps each checkpoint name to a `WeightTarget`. Checkpoints stored
+under other names (what transformers writes) are mapped onto these by the model's `layouts()`
+(dayzero.weights.layouts), chosen from the tensor names at load.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import torch
 from torch import nn
 
 from dayzero.cache.local import LocalCache
-from dayzero.spec import ModelSpec
-from dayzero.weights import FLOAT_DTYPES, TensorSpec
+from dayzero.spec import ModelSpec, resolve_config
+from dayzero.weights import FLOAT_DTYPES, Layout, TensorSpec
+
+RELEASE = Layout("release", "the names the model file documents")
 
 
 @dataclass
@@ -87,7 +91,7 @@ class CausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.spec = spec
-        self.config = config
+        self.config = resolve_config(config)  # the reference's defaults filled in (dayzero.spec.DEFAULTS)
         self.dtype = dtype
         self.device_ = torch.device(device)
 
@@ -113,6 +117,10 @@ class CausalLM(nn.Module):
     def ignore_patterns(self) -> tuple[str, ...]:
         """Regexes of checkpoint tensors to skip; a model may compute them from its config."""
         return self.ignore_unexpected
+
+    def layouts(self) -> tuple[Layout, ...]:
+        """The tensor layouts this model loads, tried in order: the release first."""
+        return (RELEASE,)
 
     def post_load(self) -> None:
         """Called once every weight is in place (precompute derived tensors here)."""

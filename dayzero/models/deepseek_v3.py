@@ -33,15 +33,25 @@ from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.spec import ModelSpec, UnsupportedModelError
+from dayzero.spec import DEEPSEEK_ROPE_THETA, AttentionSpec, ModelSpec
+from dayzero.weights import Chunk, Layout, Rename, Unstack
 
 FP8_BLOCK = (128, 128)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 INDEXER_NORM_EPS = 1e-6
 
-
-def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
-    return UnsupportedModelError(field, value, supported, f"config.json ({config.get('model_type')})")
+# Tensor layouts (dayzero.weights.layouts). transformers' save_pretrained writes the release names;
+# its in-memory names (save_original_format=False) stack each layer's routed experts: gate_up_proj
+# [E, 2I, H] (gate rows first), down_proj [E, H, I], FP8 scales `{..}_scale_inv` the same way.
+LAYOUTS = (
+    Layout("release", "model.layers.N.mlp.experts.J.gate_proj.weight; also what transformers' save_pretrained writes"),
+    Layout("transformers in-memory", "model.layers.N.mlp.experts.gate_up_proj", (
+        Unstack(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_scale_inv)?$", r".mlp.experts.{i}.\1\2"),
+        Chunk(r"\.experts\.(\d+)\.gate_up_proj(_scale_inv)?$",
+              (r".experts.\1.gate_proj.weight\2", r".experts.\1.up_proj.weight\2")),
+        Rename(r"\.experts\.(\d+)\.down_proj(_scale_inv)?$", r".experts.\1.down_proj.weight\2"),
+    )),
+)
 
 
 class _Formats:
@@ -51,10 +61,6 @@ class _Formats:
         self.dense = spec.quant.dense_format
         qc = config.get("quantization_config") or {}
         self.skip = tuple(qc.get("modules_to_not_convert") or ())
-        if self.dense not in ("bf16", "fp8"):
-            raise _unsupported(config, "quantization_config.quant_method", spec.quant.method, ("fp8", None))
-        if spec.quant.method == "fp8" and tuple(spec.quant.fp8_block or ()) != FP8_BLOCK:
-            raise _unsupported(config, "quantization_config.weight_block_size", spec.quant.fp8_block, (list(FP8_BLOCK),))
 
     def of(self, name: str) -> str:
         return "bf16" if any(s and s in name for s in self.skip) else self.dense
@@ -74,12 +80,10 @@ def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
 class Indexer(nn.Module):
     """DSA lightning indexer: checkpoint names `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`."""
 
-    def __init__(self, config: dict, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, fmts: _Formats, prefix: str, dtype, device):
         super().__init__()
-        hidden, q_rank = config["hidden_size"], config["q_lora_rank"]
-        self.heads, self.head_dim = int(config.get("index_n_heads", 64)), int(config.get("index_head_dim", 128))
-        self.rope_dim = int(config["qk_rope_head_dim"])
-        self.topk = int(config.get("index_topk", 2048))
+        q_rank = a.q_lora_rank
+        self.heads, self.head_dim, self.rope_dim, self.topk = a.index_n_heads, a.index_head_dim, a.qk_rope_head_dim, a.index_topk
         self.wq_b = _linear(fmts, prefix + "wq_b", q_rank, self.heads * self.head_dim, dtype, device)
         self.wk = _linear(fmts, prefix + "wk", hidden, self.head_dim, dtype, device)
         self.k_norm = nn.Module()
@@ -106,14 +110,11 @@ class Indexer(nn.Module):
 
 
 class MLAttention(nn.Module):
-    def __init__(self, config: dict, fmts: _Formats, prefix: str, dtype, device, *, dsa: bool):
+    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: _Formats, prefix: str, dtype, device):
         super().__init__()
-        hidden = config["hidden_size"]
-        self.heads = int(config["num_attention_heads"])
-        self.nope, self.rope_dim = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
-        self.v_dim, self.rank = int(config["v_head_dim"]), int(config["kv_lora_rank"])
-        self.q_rank = config.get("q_lora_rank")
-        bias = bool(config.get("attention_bias", False))
+        dsa = a.kind == "dsa"
+        self.heads, self.nope, self.rope_dim = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+        self.v_dim, self.rank, self.q_rank, bias = a.v_head_dim, a.kv_lora_rank, a.q_lora_rank, a.bias
         qk_dim = self.nope + self.rope_dim
         if self.q_rank is None:
             self.q_proj = _linear(fmts, prefix + "q_proj", hidden, self.heads * qk_dim, dtype, device)
@@ -126,8 +127,8 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, device)
         self.kv_b_proj = _linear(fmts, prefix + "kv_b_proj", self.rank, self.heads * (self.nope + self.v_dim), dtype, device)
         self.o_proj = _linear(fmts, prefix + "o_proj", self.heads * self.v_dim, hidden, dtype, device, bias)
-        self.indexer = Indexer(config, fmts, prefix + "indexer.", dtype, device) if dsa else None
-        self.interleaved = bool(config.get("rope_interleave", True)) or dsa
+        self.indexer = Indexer(a, hidden, fmts, prefix + "indexer.", dtype, device) if dsa else None
+        self.interleaved = bool(config["rope_interleave"]) or dsa
         self.scale = qk_dim**-0.5 * _softmax_mscale(config) ** 2
 
     def post_load(self) -> None:
@@ -250,10 +251,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, config: dict, fmts: _Formats, index: int, dtype, device):
         super().__init__()
         prefix = f"model.layers.{index}."
-        eps = float(config.get("rms_norm_eps", 1e-6))
+        eps = float(config["rms_norm_eps"])
         layer = spec.layers[index]
         self.input_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
-        self.self_attn = MLAttention(config, fmts, prefix + "self_attn.", dtype, device, dsa=layer.attention.kind == "dsa")
+        self.self_attn = MLAttention(layer.attention, spec.hidden_size, config, fmts, prefix + "self_attn.", dtype, device)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
         if layer.mlp.kind == "moe":
             self.mlp = MoE(spec, fmts, prefix + "mlp.", dtype, device)
@@ -265,61 +266,37 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def _check_config(spec: ModelSpec, config: dict) -> None:
-    """Raise UnsupportedModelError for a config value this file does not compute as transformers does."""
-    if config.get("scoring_func", "sigmoid") != "sigmoid":
-        raise _unsupported(config, "scoring_func", config["scoring_func"], ("sigmoid",))
-    if config.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise _unsupported(config, "topk_method", config["topk_method"], ("noaux_tc",))
-    heads = config["num_attention_heads"]
-    if (config.get("num_key_value_heads") or heads) != heads:
-        raise _unsupported(config, "num_key_value_heads", config["num_key_value_heads"], (heads,))
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type")) or "default"
-    if kind not in ("default", "yarn"):
-        raise _unsupported(config, "rope_scaling.type", kind, ("default", "yarn"))
-    e = spec.experts
-    if e is not None:
-        if e.format not in ("bf16", "fp8"):
-            raise _unsupported(config, "quantization_config (routed experts)", e.format, ("bf16", "fp8"))
-        if e.format == "fp8" and e.intermediate_size % FP8_BLOCK[0]:
-            # gate and up rows stack into w13; their 128-row scale blocks must not straddle the seam
-            raise _unsupported(config, "moe_intermediate_size", e.intermediate_size, ("a multiple of 128 (FP8 experts)",))
-        if e.num % e.routing.n_group:
-            raise _unsupported(config, "n_group", e.routing.n_group, (f"a divisor of n_routed_experts={e.num}",))
-        if e.routing.topk_group < e.routing.n_group and e.num // e.routing.n_group < 2:
-            raise _unsupported(config, "n_group", e.routing.n_group, ("at most n_routed_experts / 2",))
-    if spec.text_model_type == "deepseek_v32":
-        if config.get("q_lora_rank") is None:
-            raise _unsupported(config, "q_lora_rank", None, ("an integer (the indexer reads the q latent)",))
-        if int(config.get("index_head_dim", 128)) < int(config["qk_rope_head_dim"]):
-            raise _unsupported(config, "index_head_dim", config.get("index_head_dim"), (">= qk_rope_head_dim",))
-
-
 @register_model
 class DeepseekV3ForCausalLM(CausalLM):
     model_types = ("deepseek_v3", "kimi_k2")
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        _check_config(spec, config)
+        config = self.config
         fmts = _Formats(spec, config)
         rope = config.get("rope_parameters") or config.get("rope_scaling")
-        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
-        self.rope = rope_from_config(rope, int(config["qk_rope_head_dim"]), theta, config.get("max_position_embeddings"))
+        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
+        self.rope = rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.model.layers = nn.ModuleList(
             DecoderLayer(spec, config, fmts, i, dtype, device) for i in range(spec.num_layers)
         )
-        self.model.norm = RMSNorm(spec.hidden_size, float(config.get("rms_norm_eps", 1e-6)), dtype, device)
+        self.model.norm = RMSNorm(spec.hidden_size, float(config["rms_norm_eps"]), dtype, device)
         if not spec.tie_word_embeddings:
             self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
 
+    def layouts(self) -> tuple[Layout, ...]:
+        return LAYOUTS
+
     def ignore_patterns(self) -> tuple[str, ...]:
-        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers)."""
+        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers).
+        With n_shared_experts 0 transformers builds (and saves) zero-width shared experts, which add nothing."""
         n = self.spec.num_layers
-        return tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+        patterns = tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+        if self.spec.experts is not None and not self.spec.experts.num_shared:
+            patterns += (r"\.mlp\.shared_experts\.",)
+        return patterns
 
     def post_load(self) -> None:
         for layer in self.model.layers:

@@ -40,10 +40,57 @@ from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import Rope, rope_from_config
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
-from dayzero.spec import LayerSpec, ModelSpec, UnsupportedModelError
-from dayzero.weights import TensorSpec
+from dayzero.spec import LayerSpec, ModelSpec
+from dayzero.weights import Chunk, Layout, Rename, TensorSpec, Unstack
 
 FP4_BLOCK = 32  # values per E8M0 scale along K
+
+# Tensor layouts (dayzero.weights.layouts), each mapped onto the release names above.
+# transformers' save_pretrained writes the release names under `model.`, except the embedding,
+# the hyper-head and the final norm; its in-memory names (save_original_format=False) are its
+# module tree: self_attn / mlp, q_a_proj ..., attn_hc.fn, the CSA indexer inside the compressor,
+# routed experts stacked as gate_up_proj [E, 2I, H] (w1 rows, then w3) and down_proj [E, H, I].
+# Its FP8 quantizer names block scales `weight_scale_inv`, the release `scale`. (Its load renames
+# every `.norm.` to `.kv_norm.`, so its save turns the release's `attn.kv_norm` into `attn.norm`.)
+_TRANSFORMERS_TOP = (
+    Rename(r"\.attn\.norm\.weight$", ".attn.kv_norm.weight"),
+    Rename(r"^model\.embed_tokens\.", "embed."),
+    Rename(r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
+    Rename(r"^model\.", ""),
+    Rename(r"^lm_head\.", "head."),
+    Rename(r"\.weight_scale_inv$", ".scale"),
+)
+LAYOUTS = (
+    Layout("release", "embed.weight, layers.N.attn.wq_a.weight, hc_head_fn"),
+    Layout("transformers", "model.embed_tokens.weight, model.layers.N.attn.wq_a.weight, model.hc_head.hc_fn",
+           _TRANSFORMERS_TOP),
+    Layout("transformers in-memory", "model.layers.N.self_attn.q_a_proj.weight, model.layers.N.attn_hc.fn", (
+        *_TRANSFORMERS_TOP,
+        Rename(r"\.(attn|ffn)_hc\.(fn|base|scale)$", r".hc_\1_\2"),
+        Rename(r"\.self_attn\.compressor\.indexer\.scorer\.", ".attn.indexer."),
+        Rename(r"\.self_attn\.compressor\.indexer\.q_b_proj\.", ".attn.indexer.wq_b."),
+        Rename(r"\.self_attn\.compressor\.indexer\.", ".attn.indexer.compressor."),
+        Rename(r"\.self_attn\.", ".attn."),
+        Rename(r"\.mlp\.", ".ffn."),
+        Rename(r"\.input_layernorm\.", ".attn_norm."),
+        Rename(r"\.post_attention_layernorm\.", ".ffn_norm."),
+        Rename(r"\.sinks$", ".attn_sink"),
+        Rename(r"\.q_a_norm\.", ".q_norm."),
+        Rename(r"\.compressor\.kv_norm\.", ".compressor.norm."),
+        Rename(r"\.position_bias$", ".ape"),
+        Rename(r"\.compressor\.gate_proj\.", ".compressor.wgate."),
+        Rename(r"\.shared_experts\.gate_proj\.", ".shared_experts.w1."),
+        Rename(r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
+        Rename(r"\.shared_experts\.up_proj\.", ".shared_experts.w3."),
+        *(Rename(rf"\.{ours}\.", f".{theirs}.") for ours, theirs in (
+            ("q_a_proj", "wq_a"), ("q_b_proj", "wq_b"), ("kv_proj", "wkv"), ("o_a_proj", "wo_a"), ("o_b_proj", "wo_b"))),
+        Rename(r"\.gate\.e_score_correction_bias$", ".gate.bias"),
+        Unstack(r"\.experts\.(gate_up_proj|down_proj)(_scale_inv|_scale)?$", r".experts.{i}.\1\2"),
+        Chunk(r"\.experts\.(\d+)\.gate_up_proj(_scale_inv|_scale)?$", (r".experts.\1.w1.weight\2", r".experts.\1.w3.weight\2")),
+        Rename(r"\.experts\.(\d+)\.down_proj(_scale_inv|_scale)?$", r".experts.\1.w2.weight\2"),
+        Rename(r"\.weight_scale(_inv)?$", ".scale"),
+    )),
+)
 
 
 class LinearFactory:
@@ -366,41 +413,6 @@ class Block(nn.Module):
         return ops.hyper_connection_post(self.ffn(self.ffn_norm(x), token_ids), streams, post, comb)
 
 
-def _check_supported(spec: ModelSpec, config: dict) -> None:
-    where = spec.source or "config.json"
-
-    def require(field: str, ok: bool, supported: tuple) -> None:
-        if not ok:
-            raise UnsupportedModelError(field, config.get(field), supported, where)
-
-    require("num_key_value_heads", int(config.get("num_key_value_heads", 1)) == 1, (1,))
-    require("attention_bias", not config.get("attention_bias", False), (False,))
-    require("mlp_bias", not config.get("mlp_bias", False), (False,))
-    require("hidden_act", config.get("hidden_act", "silu") == "silu", ("silu",))
-    require("scoring_func", config.get("scoring_func", "sqrtsoftplus") == "sqrtsoftplus", ("sqrtsoftplus",))
-    require("norm_topk_prob", bool(config.get("norm_topk_prob", True)), (True,))  # transformers always normalises
-    require("n_shared_experts", int(config.get("n_shared_experts", 1) or 0) == 1, (1,))
-    require("tie_word_embeddings", not spec.tie_word_embeddings, (False,))
-    require("sliding_window", int(config.get("sliding_window", 128)) >= 1, ("an integer >= 1",))
-    if spec.quant.expert_format not in MOE_EXPERT_OPS:
-        raise UnsupportedModelError("expert_dtype", spec.quant.expert_format, tuple(MOE_EXPERT_OPS), where)
-    if spec.quant.dense_format not in ("fp8", "bf16"):
-        raise UnsupportedModelError("quantization_config", spec.quant.dense_format, ("fp8", "bf16"), where)
-    block = tuple(spec.quant.fp8_block or (128, 128))
-    a = spec.layers[0].attention
-    require("o_groups", (a.num_heads * a.head_dim) % a.o_groups == 0, ("a divisor of num_attention_heads * head_dim",))
-    if spec.quant.dense_format == "fp8":
-        require("o_lora_rank", a.o_groups == 1 or a.o_lora_rank % block[0] == 0, (f"a multiple of {block[0]} (FP8 block rows)",))
-    if spec.quant.expert_format == "fp8":
-        require("moe_intermediate_size", spec.experts.intermediate_size % block[0] == 0, (f"a multiple of {block[0]}",))
-    if spec.quant.expert_format == "mxfp4":
-        require("moe_intermediate_size", spec.experts.intermediate_size % FP4_BLOCK == 0, (f"a multiple of {FP4_BLOCK}",))
-        require("hidden_size", spec.hidden_size % FP4_BLOCK == 0, (f"a multiple of {FP4_BLOCK}",))
-    for layer in spec.layers:
-        if layer.attention.kind not in ("swa", "csa", "hca"):
-            raise UnsupportedModelError("layer_types", layer.attention.kind, ("swa", "csa", "hca"), where)
-
-
 def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
     """(main, compress): plain RoPE with rope_theta for window-only layers; compressed layers use
     compress_rope_theta with the config's scaling (YaRN) and no cos/sin scaling."""
@@ -422,10 +434,13 @@ class DeepseekV4ForCausalLM(CausalLM):
     model_types = ("deepseek_v4",)
     ignore_unexpected = (r"^mtp\.",)
 
+    def layouts(self) -> tuple[Layout, ...]:
+        return LAYOUTS
+
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        _check_supported(spec, config)
-        hidden, eps = spec.hidden_size, float(config.get("rms_norm_eps", 1e-6))
+        config = self.config
+        hidden, eps = spec.hidden_size, float(config["rms_norm_eps"])
         linear = LinearFactory(spec, dtype, device)
         cross = spec.cross_layer
         self.hc = (cross.hc_sinkhorn_iters, cross.hc_eps, eps)

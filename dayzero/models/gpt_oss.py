@@ -32,14 +32,9 @@ from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
-from dayzero.spec import ModelSpec, UnsupportedModelError
+from dayzero.spec import GPT_OSS_ROPE_THETA, ModelSpec, UnsupportedModelError
 from dayzero.weights import FLOAT_DTYPES, TensorSpec
 
-EXPERT_FORMATS = ("mxfp4", "bf16")
-# transformers' GptOssConfig rope when a config names none (the published checkpoints' values)
-DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
-DEFAULT_ROPE_THETA = 150000.0
 
 
 def _gate_up_to_w13(t: torch.Tensor) -> torch.Tensor:
@@ -167,27 +162,14 @@ class GptOssForCausalLM(CausalLM):
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        where = spec.source or "config.json"
+        config = self.config
         experts = spec.experts
-        if experts.format not in EXPERT_FORMATS:
-            raise UnsupportedModelError("quantization_config.quant_method", spec.quant.method, ("mxfp4", None), where)
-        if spec.quant.dense_format != "bf16":
-            raise UnsupportedModelError("quantization_config.quant_method", spec.quant.method, ("mxfp4", None), where)
-        if experts.format == "mxfp4":
-            for name, size in (("hidden_size", spec.hidden_size), ("intermediate_size", experts.intermediate_size)):
-                if size % BLOCK_SIZE:
-                    raise UnsupportedModelError(name, size, (f"a multiple of {BLOCK_SIZE} (MXFP4 blocks)",), where)
         attn = spec.layers[0].attention
-        if attn.num_kv_heads == 0 or attn.num_heads % attn.num_kv_heads:
-            raise UnsupportedModelError("num_key_value_heads", attn.num_kv_heads,
-                                        (f"a divisor of num_attention_heads={attn.num_heads}",), where)
-        if attn.head_dim % 2:
-            raise UnsupportedModelError("head_dim", attn.head_dim, ("an even number (rope pairs)",), where)
-        self.rope = self._rope(config, attn.head_dim, where)
+        self.rope = self._rope(config, attn.head_dim, spec.source or "config.json")
 
         activation = spec.layers[0].mlp.activation
         act = Activation("swiglu_clamped", limit=activation.limit, alpha=activation.alpha)
-        eps = float(config.get("rms_norm_eps", 1e-5))
+        eps = float(config["rms_norm_eps"])
         hidden = spec.hidden_size
         layers = []
         for layer in spec.layers:
@@ -201,11 +183,8 @@ class GptOssForCausalLM(CausalLM):
 
     @staticmethod
     def _rope(config: dict, head_dim: int, where: str):
-        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or DEFAULT_ROPE)
-        factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        if factor != 1.0:
-            raise UnsupportedModelError("partial_rotary_factor", factor, (1.0,), where)
-        theta = float(params.get("rope_theta", config.get("rope_theta", DEFAULT_ROPE_THETA)))
+        params = dict(config["rope_parameters"])  # transformers' GptOssConfig yarn when a config names none
+        theta = float(params.get("rope_theta", config.get("rope_theta", GPT_OSS_ROPE_THETA)))
         try:
             return rope_from_config(params, head_dim, theta, config.get("max_position_embeddings"))
         except ValueError:

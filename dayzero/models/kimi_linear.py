@@ -55,7 +55,6 @@ import torch
 from torch import nn
 
 from dayzero import ops
-from dayzero.formats import mxfp4
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
@@ -63,15 +62,44 @@ from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, 
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.ops.k3 import SituActivation
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec, UnsupportedModelError
-from dayzero.weights import FLOAT_DTYPES, TensorSpec
+from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec
+from dayzero.weights import FLOAT_DTYPES, Chunk, Layout, Rename, TensorSpec, Unstack
 
 KDA_CHUNK_SIZE = 64  # tokens per chunk of kda_chunk (FLA's chunk_kda)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 
-
-def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
-    return UnsupportedModelError(field, value, supported, f"config.json ({config.get('model_type')})")
+# Tensor layouts (dayzero.weights.layouts), each mapped onto the released names above.
+# transformers' save_pretrained writes those, except that the dense layers' MLP is saved as
+# `block_sparse_moe.{gate,up,down}_proj`; its in-memory names (save_original_format=False) call
+# every MLP `mlp`, hold the KDA gate's f_a/f_b/dt_bias/A_log under `self_attn.forget_gate.`, the
+# three short convolutions as one `self_attn.conv1d.weight` [3 H*d, 1, K] (q, k, v), and stack the
+# routed experts as gate_up_proj [E, 2I, H] (w1 rows, then w3) and down_proj [E, H, I].
+_DENSE_MLP = Rename(r"\.block_sparse_moe\.(gate_proj|up_proj|down_proj)\.", r".mlp.\1.")
+_IN_MEMORY = (
+    Rename(r"\.mlp\.(?!(gate_proj|up_proj|down_proj)\.)", ".block_sparse_moe."),
+    Rename(r"\.self_attn\.forget_gate\.", ".self_attn."),
+    Chunk(r"\.self_attn\.conv1d\.weight$", tuple(f".self_attn.{x}_conv1d.weight" for x in "qkv")),
+    Unstack(r"\.experts\.(gate_up_proj|down_proj)$", r".experts.{i}.\1"),
+    Chunk(r"\.experts\.(\d+)\.gate_up_proj$", (r".experts.\1.w1.weight", r".experts.\1.w3.weight")),
+    Rename(r"\.experts\.(\d+)\.down_proj$", r".experts.\1.w2.weight"),
+)
+LAYOUTS = (
+    Layout("release", "model.layers.N.mlp.gate_proj.weight (dense), model.layers.N.block_sparse_moe.experts.J.w1.weight"),
+    Layout("transformers", "model.layers.N.block_sparse_moe.gate_proj.weight (dense)", (_DENSE_MLP,)),
+    Layout("transformers in-memory", "model.layers.N.mlp.experts.gate_up_proj, self_attn.conv1d.weight", _IN_MEMORY),
+)
+# Kimi K3 (`kimi_k3` wrapper): the text tower's names under `language_model.` as released, or where
+# transformers places a wrapper's language model in memory (`model.language_model.`, `lm_head.`).
+_WRAPPED_IN_MEMORY = (
+    Rename(r"^model\.language_model\.", "language_model.model."),
+    Rename(r"^lm_head\.", "language_model.lm_head."),
+    Rename(r"^model\.(vision_tower|mm_projector)\.", r"\1."),
+)
+K3_LAYOUTS = (
+    LAYOUTS[0].then(name="release", example="language_model.model.layers.N.mlp.gate_proj.weight (dense)"),
+    LAYOUTS[1].then(example="language_model.model.layers.N.block_sparse_moe.gate_proj.weight (dense)"),
+    LAYOUTS[2].then(*_WRAPPED_IN_MEMORY, example="model.language_model.layers.N.mlp.experts.gate_up_proj, lm_head.weight"),
+)
 
 
 class ShortConv(nn.Module):
@@ -336,37 +364,6 @@ class DecoderLayer(nn.Module):
         return h + self.feed_forward(h)
 
 
-def _check_config(spec: ModelSpec, config: dict) -> None:
-    """Raise UnsupportedModelError for a config value this file does not compute as transformers does
-    (or, for K3's additions, as the published modeling code does)."""
-    if config.get("mla_use_nope") is not True:
-        # transformers' kimi_linear never rotates; the released remote code rotates when this is false
-        raise _unsupported(config, "mla_use_nope", config.get("mla_use_nope"), (True,))
-    if config.get("moe_router_activation_func", "sigmoid") != "sigmoid":
-        raise _unsupported(config, "moe_router_activation_func", config["moe_router_activation_func"], ("sigmoid",))
-    heads = config.get("num_attention_heads")
-    if (config.get("num_key_value_heads") or heads) != heads:
-        raise _unsupported(config, "num_key_value_heads", config["num_key_value_heads"], (heads,))
-    q = spec.quant
-    if q.dense_format != "bf16" or q.method not in (None, "compressed-tensors"):
-        raise _unsupported(config, "quantization_config.quant_method", q.method, (None, "compressed-tensors"))
-    e = spec.experts
-    if e is not None:
-        if e.format not in ("bf16", "mxfp4"):
-            raise _unsupported(config, "quantization_config.format", e.format,
-                               ("mxfp4-pack-quantized (routed experts)", "unquantized"))
-        if e.format == "mxfp4":
-            for field, value in (("moe_intermediate_size", e.intermediate_size), ("routed_expert_hidden_size", e.input_dim)):
-                if value % mxfp4.BLOCK_SIZE:
-                    raise _unsupported(config, field, value, (f"a multiple of {mxfp4.BLOCK_SIZE} (MXFP4 experts)",))
-        if e.num_shared < 1:
-            raise _unsupported(config, "num_shared_experts", e.num_shared, (">= 1",))
-        if e.num % e.routing.n_group:
-            raise _unsupported(config, "num_expert_group", e.routing.n_group, (f"a divisor of num_experts={e.num}",))
-        if e.routing.topk_group < e.routing.n_group and e.num // e.routing.n_group < 2:
-            raise _unsupported(config, "num_expert_group", e.routing.n_group, ("at most num_experts / 2",))
-
-
 @register_model
 class KimiLinearForCausalLM(CausalLM):
     """Kimi Linear, and Kimi K3's text tower (`kimi_k3`: the wrapper's `text_config`, tensors under
@@ -377,10 +374,9 @@ class KimiLinearForCausalLM(CausalLM):
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
         wrapped = spec.model_type == "kimi_k3"
-        text = (config.get("text_config") or {}) if wrapped else config
+        text = self.config["text_config"] if wrapped else self.config
         self.checkpoint_prefix = "language_model." if wrapped else ""
-        _check_config(spec, text)
-        eps = float(text.get("rms_norm_eps", 1e-5))
+        eps = float(text["rms_norm_eps"])
         self.attn_res_block = spec.cross_layer.attn_res_block_size if spec.cross_layer.kind == "attention_residual" else None
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
@@ -393,6 +389,9 @@ class KimiLinearForCausalLM(CausalLM):
 
     def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
         return collect_weight_targets(self, prefix + self.checkpoint_prefix)
+
+    def layouts(self) -> tuple[Layout, ...]:
+        return K3_LAYOUTS if self.checkpoint_prefix else LAYOUTS
 
     def ignore_patterns(self) -> tuple[str, ...]:
         if not self.checkpoint_prefix:
