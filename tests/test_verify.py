@@ -83,8 +83,8 @@ def test_a_decode_only_bug_is_named_by_its_step(gpt_oss_dir, capsys, monkeypatch
 
         def forward_losing_the_cache_at_step_2(input_ids, positions, cache=None):
             if cache is not None and input_ids.shape[1] == 1 and int(positions[0, 0]) == 13:
-                cache.layers[0].clear()  # forget layer 0's keys and values before decode step 2
-                cache.layers[0].update(model.new_cache(1).layers[0])
+                cache.storage.streams[0, "k"].zero_()  # forget layer 0's keys before decode step 2
+                cache.storage.streams[0, "v"].zero_()
             return forward(input_ids, positions, cache)
 
         model.forward = forward_losing_the_cache_at_step_2

@@ -108,6 +108,6 @@ def paged_index_topk(q: torch.Tensor, weights: torch.Tensor, index_k: PagedStrea
             hi = min(t, lo + chunk)
             keys = index_k.gather(b, 0, ctx + hi)
             rows = slice(q0 + lo, q0 + hi)
-            scores = lightning_indexer.reference.fn(q[None, rows], keys[None], weights[None, rows], scale)
-            out[rows] = topk_select.reference.fn(scores, k)[0].to(torch.int32)
+            scores = lightning_indexer(q[None, rows], keys[None], weights[None, rows], scale)
+            out[rows] = topk_select(scores, k)[0].to(torch.int32)
     return out

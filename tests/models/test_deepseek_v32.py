@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from dayzero import ops
+from dayzero.ops import dsa
 from dayzero.models import load_model
 from dayzero.verify import load_reference, reference_cached_logits
 from tests.models.deepseek_checkpoints import V3_DIMS, V32_DIMS, build_deepseek_v32_checkpoint, positions, prompt, rel_err
@@ -206,7 +207,7 @@ def tied_case(tmp_path, monkeypatch):
         ties.append(int(((kth[..., 0] == kth[..., 1]) & (kth[..., 0] > float("-inf"))).sum()))
         return picked
 
-    monkeypatch.setattr(ops, "topk_select", counting)
+    monkeypatch.setattr(dsa, "topk_select", counting)  # what the paged selection calls
     return path, ids, ties
 
 
