@@ -43,6 +43,10 @@ def _dims(rng: random.Random):
     return rng.choice((16, 24)), rng.choice((8, 16)), rng.choice((32, 48, 160)), rng.choice((8, 16))
 
 
+def _rel_err(got, want) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
 def _reference(args):
     with REGISTRY.force_backend("reference"):
         return paged_mla_attention(*args)
@@ -100,8 +104,8 @@ def test_bfloat16_step_matches_reference():
     args = _problem(rng, [1, 17, 1], [45, 17, 20], heads=4, dims=(16, 8, 64, 16), block=16, fp8=False,
                     dtype=torch.bfloat16, seed=3)
     got, want = _mla_ops.paged_mla_attention(*args), _reference(args)
-    assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2)
+    assert got.dtype == torch.bfloat16 and _rel_err(got, want) < 1e-2  # measured 4e-3 (outputs of size 0.4)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_runs_split_on_query_lens():
@@ -147,10 +151,6 @@ def test_registered_for_cuda_only():
 # --- CUDA: DeepSeek-V3 shapes (Dn 128, Dr 64, C 512, Dv 128), bf16 ------------------------------------
 
 DEEPSEEK = (128, 64, 512, 128)
-
-
-def _rel_err(got, want) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
 @cuda
