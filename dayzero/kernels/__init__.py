@@ -80,3 +80,4 @@ for _op, _supports in (("route_softmax_topk", "supports_softmax"), ("route_sigmo
                              available=triton_cuda_available, supports=_routing(_supports))
 REGISTRY.register_kernel("moe_experts_fp8", moe_experts_fp8, backend="triton", devices=["cuda"],
                          priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_fp8)
+import dayzero.kernels.attention  # noqa: E402,F401  (registers the attention kernels)
