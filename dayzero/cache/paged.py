@@ -316,9 +316,9 @@ class PagedStepCache:
         self.logits_indices = meta.logits_indices
         self.layers = [PagedLayerView(storage, meta, i) for i in range(num_layers)]
         if storage.states and any(meta.fresh) and not all(meta.fresh):  # fresh sequences start from zero state
-            fresh = meta.state_slots[torch.tensor(meta.fresh, device=meta.state_slots.device)]
-            for t in storage.states.values():
-                t[fresh] = 0
+            for slot in (s for s, f in zip(meta.state_slots_host, meta.fresh) if f):
+                for t in storage.states.values():
+                    t[slot] = 0
 
     @property
     def seqs(self) -> SeqBatch:

@@ -54,6 +54,7 @@ class StepMetadata:
     state_slots: torch.Tensor
     logits_indices: torch.Tensor
     fresh: tuple[bool, ...]  # per sequence: no token computed before this step (its state reads as zeros)
+    state_slots_host: tuple[int, ...]
 
     @property
     def num_tokens(self) -> int:
@@ -110,7 +111,8 @@ def build_step(seqs: list[SeqStep], layout: "CacheLayout", block_size: int, devi
                          tuple(int(x) for x in ends))
     writes = {(g, rate): (views[f"wp{g},{rate}"], views[f"wo{g},{rate}"]) for g, rate, _ in layout.stream_kinds(block_size)}
     return StepMetadata(views["input_ids"], views["positions"], seq_batch, {g: views[f"table{g}"] for g in tables},
-                        writes, views["state_slots"], views["logits_indices"], tuple(bool(s == 0) for s in starts))
+                        writes, views["state_slots"], views["logits_indices"], tuple(bool(s == 0) for s in starts),
+                        tuple(s.state_slot for s in seqs))
 
 
 def _transfer(longs: list[tuple[str, np.ndarray]], ints: list[tuple[str, np.ndarray]], device: torch.device
