@@ -10,6 +10,9 @@ Conventions (docs/inspect.md explains each):
   mxfp4 0.5 + 1 B E8M0 per 32 = 0.53125; int4 (compressed-tensors) 0.5 + 2 B bf16 scale per 32.
   The quantized format applies to linear weights of its scope; embeddings, norms, biases,
   routers and other small tensors are counted at bf16 whatever their stored dtype.
+- Cache bytes are what dayzero's paged storage allocates (dayzero/cache/layout.py, the same
+  function the engine uses): a bf16 model, blocks of 16 tokens, each stream aligned to 16 B in a
+  page; kv_dtype "fp8" is the engine's kv_cache_dtype "fp8_e4m3".
 - The plan is first-order: weights and KV split evenly over GPUs (as if layers were pipelined
   across them), a reserve per GPU for activations and the expert workspace, the rest for the KV
   and recurrent state of one sequence.
@@ -19,6 +22,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+import torch
+
+from dayzero.cache.layout import DEFAULT_BLOCK_SIZE, cache_layout, layer_layout, window_blocks
 from dayzero.spec import AttentionSpec, ExpertsSpec, LayerSpec, ModelSpec
 
 GIB = 1024**3
@@ -281,20 +287,25 @@ def expert_workspace_bytes(spec: ModelSpec, gpus: int = 1, policy: WorkspacePoli
 
 
 # -- KV cache and recurrent state --------------------------------------------------------------
+# Every cache byte comes from dayzero/cache/layout.py, the function of the spec the engine's paged
+# storage allocates from: the plan's bytes are the storage's, page alignment and block granularity
+# included, for a bf16 model at the engine's default block size.
+
+KV_DTYPES = {"bf16": "auto", "fp8": "fp8_e4m3"}  # the plan's KV dtype -> the engine's kv_cache_dtype
+PLAN_DTYPE = torch.bfloat16  # the compute (and "auto" cache) dtype the plan assumes
 
 
-def _fp8_entry(quantized: int, scale_block: int, rope: int) -> int:
-    """An FP8 cache entry: e4m3 values, one fp32 scale per scale_block of them, RoPE dims kept bf16."""
-    return quantized + 4 * -(-quantized // scale_block) + 2 * rope
-
-
-INDEXER_KEY_BYTES_PER_DIM = 1  # indexer keys are cached FP8 in deployed engines (+ one fp32 scale)
+def _kv_cache_dtype(kv_dtype: str) -> str:
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"KV dtype {kv_dtype!r} is not supported; choose one of {', '.join(KV_DTYPES)}")
+    return KV_DTYPES[kv_dtype]
 
 
 @dataclass(frozen=True)
 class LayerCache:
     """One layer's cache for one sequence: bytes that grow with each token and bytes bounded
-    (a window, compressor buffers, or a recurrent state). window: tokens the bounded part covers."""
+    (a window's blocks, compressor buffers, or a recurrent state). window: tokens the bounded part
+    covers. detail: per stream bytes per token (full attention) or bytes (window), per state bytes."""
 
     per_token: float
     fixed: float
@@ -302,47 +313,18 @@ class LayerCache:
     detail: dict = field(default_factory=dict)
 
 
-def layer_cache(a: AttentionSpec, kv_dtype: str = "bf16") -> LayerCache:
-    """kv_dtype: bf16 | fp8. MLA FP8 = 512 e4m3 + 4 fp32 scales + 64 bf16 RoPE = 656 B (FlashMLA)."""
-    fp8 = kv_dtype == "fp8"
-    if a.kind in ("mla", "dsa"):
-        entry = _fp8_entry(a.kv_lora_rank, 128, a.qk_rope_head_dim) if fp8 else 2 * (a.kv_lora_rank + a.qk_rope_head_dim)
-        detail = {"latent": entry}
-        per_token = float(entry)
-        if a.kind == "dsa":
-            indexer = a.index_head_dim * INDEXER_KEY_BYTES_PER_DIM + 4
-            detail["indexer_k"] = indexer
-            per_token += indexer
-        return LayerCache(per_token, 0.0, None, detail)
-    if a.kind in ("swa", "gqa") and a.o_groups is None:  # gpt-oss style K and V per KV head
-        entry = 2 * a.num_kv_heads * a.head_dim * (1 if fp8 else 2)
-        if a.kind == "swa":
-            return LayerCache(0.0, float(entry * a.sliding_window), a.sliding_window, {"kv": entry})
-        return LayerCache(float(entry), 0.0, None, {"kv": entry})
-    if a.kind in ("swa", "csa", "hca"):  # DeepSeek-V4: one shared K=V head, window + compressed entries
-        rope = a.qk_rope_head_dim
-        entry = _fp8_entry(a.head_dim - rope, 64, rope) if fp8 else 2 * a.head_dim
-        detail = {"window_entry": entry}
-        fixed = float(entry * a.sliding_window)
-        per_token = 0.0
-        if a.kind != "swa":
-            per_token += entry / a.compress_ratio
-            detail["compressed_per_token"] = entry / a.compress_ratio
-            width = 2 * a.head_dim if a.kind == "csa" else a.head_dim
-            buffers = a.compress_ratio * 2 * width * 4  # pending kv + gate rows of one window, fp32
-            if a.kind == "csa":
-                indexer = a.index_head_dim * INDEXER_KEY_BYTES_PER_DIM + 4
-                per_token += indexer / a.compress_ratio
-                detail["indexer_per_token"] = indexer / a.compress_ratio
-                buffers += a.compress_ratio * 2 * 2 * a.index_head_dim * 4
-            fixed += buffers
-            detail["compressor_buffers"] = buffers
-        return LayerCache(per_token, fixed, a.sliding_window, detail)
-    # kda: per request, constant in length: 3 conv states (bf16) + recurrent state heads x dk x dv (fp32)
-    proj = a.num_heads * a.head_dim
-    conv = 3 * proj * (a.conv_kernel - 1) * 2
-    recurrent = a.num_heads * a.head_dim * a.head_dim * 4
-    return LayerCache(0.0, float(conv + recurrent), None, {"conv_state": conv, "recurrent_state": recurrent})
+def layer_cache(a: AttentionSpec, kv_dtype: str = "bf16", block_size: int = DEFAULT_BLOCK_SIZE) -> LayerCache:
+    """kv_dtype: bf16 | fp8 (e4m3 + one fp32 scale per 128 values, as the paged storage keeps it:
+    an MLA latent 512 + rope 64 is 596 B per token)."""
+    layout = layer_layout(0, a, PLAN_DTYPE).with_kv_cache_dtype(_kv_cache_dtype(kv_dtype))
+    per_token, fixed = layout.sequence_bytes(block_size)
+    detail: dict = {}
+    for s in layout.streams:
+        b = s.block_bytes(block_size)
+        detail[s.name] = b / block_size if s.window is None else window_blocks(s.window, block_size) * b
+    detail.update({s.name: s.nbytes for s in layout.states})
+    window = next((s.window for s in layout.streams if s.window is not None), None)
+    return LayerCache(per_token, float(fixed), window, detail)
 
 
 def kda_state_bytes(spec: ModelSpec) -> float:
@@ -350,14 +332,9 @@ def kda_state_bytes(spec: ModelSpec) -> float:
     return sum(layer_cache(layer.attention).fixed for layer in spec.layers if layer.attention.kind == "kda")
 
 
-def cache_totals(spec: ModelSpec, kv_dtype: str = "bf16") -> tuple[float, float]:
-    """(bytes per token, fixed bytes) of one sequence over all layers; window layers count in full."""
-    per_token = fixed = 0.0
-    for layer in spec.layers:
-        c = layer_cache(layer.attention, kv_dtype)
-        per_token += c.per_token
-        fixed += c.fixed
-    return per_token, fixed
+def cache_totals(spec: ModelSpec, kv_dtype: str = "bf16", block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[float, float]:
+    """(bytes per token, bounded bytes) of one sequence over all layers, as the paged storage holds it."""
+    return cache_layout(spec, PLAN_DTYPE, _kv_cache_dtype(kv_dtype)).sequence_bytes(block_size)
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -402,6 +379,8 @@ def memory_plan(
     max_context = (gpus * free - fixed cache) / cache bytes per token."""
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if context is not None and context < 1:
+        raise ValueError(f"context must be at least 1 token, got {context}")
     by_format = weight_bytes(spec)
     weights = sum(by_format.values())
     ws = expert_workspace_bytes(spec, gpus, workspace)

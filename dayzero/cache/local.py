@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, probe_layout
+from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, checked_layout
 from dayzero.cache.step import SeqStep, build_step
 
 if TYPE_CHECKING:
@@ -27,10 +27,10 @@ def _block_size(layout: CacheLayout) -> int:
 
 
 def model_layout(model: "CausalLM") -> CacheLayout:
-    """The model's cache layout, probed once per model object."""
+    """The model's cache layout (its spec's, checked against what it writes), once per model object."""
     layout = getattr(model, "_dayzero_layout", None)
     if layout is None:
-        layout = probe_layout(model)
+        layout = checked_layout(model)
         model._dayzero_layout = layout
     return layout
 

@@ -3,14 +3,17 @@
 Layout
 - A model's cache is a set of *streams* (per layer and name: "kv_latent", "k_pe", "index_k", "k",
   "v", ...; one entry per token, entry shape and dtype fixed) and *states* (per layer and name: KDA
-  "conv_q" ... and "recurrent"; one fixed-size tensor per request). `probe_layout` finds them by
-  running the model once on one token with a recording cache, so model files declare nothing.
+  "conv_q" ... and "recurrent"; one fixed-size tensor per request): a `CacheLayout` of the spec
+  (dayzero/cache/layout.py, which also gives every byte count the memory plan uses). `probe_layout`
+  records what a model really writes (one forward of one token with a recording cache);
+  `checked_layout` is the spec's layout once the two agree.
 - Streams of equal window (None = full attention, W = sliding window) form a cache group
   (dayzero.cache.kv_manager) with its own pool and arena of `num_blocks[g]` pages. A stream holds
   one entry per `rate` tokens (1; a compression ratio for DeepSeek-V4's compressed entries: entry e
   lives in the block of token e * rate), so a block holds block_size / rate of its entries (at least
   one). In group g's page, stream s occupies bytes [offset(s), + entries per block x entry bytes):
-  `streams[layer, name]` is a view [num_blocks, entries per block, *entry_shape] of the arena.
+  `streams[layer, name]` is a view [num_blocks, entries per block, *entry_shape] of the arena
+  (`StreamSpec.block_bytes` of the page each; the views fill the page exactly).
 - kv_cache_dtype "fp8_e4m3" (`CacheLayout.with_kv_cache_dtype`) stores every floating stream as FP8
   E4M3 with one float32 scale per 128 values of its last dim (an MLA layer's latent 512 + rope key
   64: 596 bytes per token instead of 1152 in bf16); entries are quantized as they are written and
@@ -28,123 +31,17 @@ through the block table, `stream(name)` returns it without writing, and `view[na
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
 
+from dayzero.cache.layout import CacheLayout, StateSpec, StreamSpec, align_up, cache_layout
 from dayzero.cache.step import StepMetadata
 from dayzero.formats.fp8 import quantize_activation_groups
 from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
 
 if TYPE_CHECKING:
     from dayzero.models.base import CausalLM
-
-ALIGN = 16  # bytes; every stream starts at a multiple of this in a page
-KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    layer: int
-    name: str
-    shape: tuple[int, ...]  # one entry
-    dtype: torch.dtype
-    window: int | None  # None: full attention; W: only the last W - 1 entries are read again
-    rate: int = 1  # tokens per entry: 1, or a compression ratio (entry e pools tokens [e*rate, (e+1)*rate))
-    fp8: bool = False  # stored as float8_e4m3fn with one float32 scale per FP8_GROUP values of the last dim
-
-    @property
-    def scale_shape(self) -> tuple[int, ...]:
-        return (*self.shape[:-1], -(-self.shape[-1] // FP8_GROUP))
-
-    @property
-    def entry_bytes(self) -> int:
-        if self.fp8:
-            return torch.Size(self.shape).numel() + 4 * torch.Size(self.scale_shape).numel()
-        return torch.Size(self.shape).numel() * torch.tensor([], dtype=self.dtype).element_size()
-
-    def entries_per_block(self, block_size: int) -> int:
-        """Entries one block holds: entry e lives in the block of token e * rate."""
-        if self.rate == 1:
-            return block_size
-        if self.rate <= block_size and block_size % self.rate == 0:
-            return block_size // self.rate
-        if self.rate % block_size == 0:
-            return 1
-        raise ValueError(f"block_size {block_size} does not fit layer {self.layer}'s {self.name!r} entries of "
-                         f"{self.rate} tokens: use a block size that divides or is a multiple of {self.rate}")
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    layer: int
-    name: str
-    shape: tuple[int, ...]  # one request's state
-    dtype: torch.dtype
-
-    @property
-    def nbytes(self) -> int:
-        return torch.Size(self.shape).numel() * torch.tensor([], dtype=self.dtype).element_size()
-
-
-@dataclass
-class CacheLayout:
-    streams: list[StreamSpec]
-    states: list[StateSpec]
-
-    def with_kv_cache_dtype(self, kv_cache_dtype: str) -> "CacheLayout":
-        """"auto": streams in the model's dtype; "fp8_e4m3": every floating stream in FP8 with a
-        float32 scale per 128 values (written quantized, read back in the model's dtype); states
-        keep their dtype."""
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} is not supported; choose one of {', '.join(KV_CACHE_DTYPES)}")
-        if kv_cache_dtype == "auto":
-            return self
-        return CacheLayout([replace(s, fp8=s.dtype.is_floating_point) for s in self.streams], self.states)
-
-    @cached_property
-    def windows(self) -> tuple[int | None, ...]:
-        """The cache groups, full attention first."""
-        ws = {s.window for s in self.streams}
-        return tuple(sorted(ws, key=lambda w: (w is not None, w or 0))) or (None,)
-
-    def group_of(self, stream: StreamSpec) -> int:
-        return self.windows.index(stream.window)
-
-    def stream_kinds(self, block_size: int) -> list[tuple[int, int, int]]:
-        """(group, rate, entries per block) of every kind of stream, each once (a step's index sets)."""
-        if block_size not in self._kinds:
-            self._kinds[block_size] = sorted({(self.group_of(s), s.rate, s.entries_per_block(block_size))
-                                              for s in self.streams})
-        return self._kinds[block_size]
-
-    @cached_property
-    def _kinds(self) -> dict[int, list[tuple[int, int, int]]]:
-        return {}
-
-    def page_bytes(self, block_size: int) -> list[int]:
-        """Bytes of one block of each group: its streams' entries, each stream aligned."""
-        per_group = [0] * len(self.windows)
-        for s in self.streams:
-            n = s.entries_per_block(block_size)
-            if s.fp8:
-                per_group[self.group_of(s)] += _aligned(n * torch.Size(s.shape).numel())
-                per_group[self.group_of(s)] += _aligned(n * 4 * torch.Size(s.scale_shape).numel())
-            else:
-                per_group[self.group_of(s)] += _aligned(n * s.entry_bytes)
-        return per_group
-
-    @property
-    def state_bytes(self) -> int:
-        """Bytes of one request's (or one snapshot's) state."""
-        return sum(s.nbytes for s in self.states)
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
-
 
 class _ProbeLayer:
     """Records what a layer caches while the model runs on one token: each stream it appends to (a
@@ -196,6 +93,19 @@ def probe_layout(model: CausalLM) -> CacheLayout:
     return layout
 
 
+def checked_layout(model: CausalLM, kv_cache_dtype: str = "auto") -> CacheLayout:
+    """`cache_layout` of the model's spec and dtype, after checking that the model writes exactly
+    that (else the memory plan and the storage would describe another cache than the one used)."""
+    planned, probed = cache_layout(model.spec, model.dtype), probe_layout(model)
+    planned_set = set(map(repr, planned.streams + planned.states))
+    probed_set = set(map(repr, probed.streams + probed.states))
+    if planned_set != probed_set:
+        raise RuntimeError(f"{model.spec.model_type}: the model caches what dayzero/cache/layout.py does not plan "
+                           f"(written but not planned: {sorted(probed_set - planned_set)}; planned but not written: "
+                           f"{sorted(planned_set - probed_set)}); update layer_layout for this attention kind")
+    return planned.with_kv_cache_dtype(kv_cache_dtype)
+
+
 class PagedKVStorage:
     """The arenas and the state slots (module docstring). Zero-filled: unread memory is finite."""
 
@@ -216,7 +126,7 @@ class PagedKVStorage:
             def carve(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
                 n = per_block * torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
                 raw = self.arenas[g][:, offsets[g]:offsets[g] + n]
-                offsets[g] += _aligned(n)
+                offsets[g] += align_up(n)
                 return raw.view(dtype).view(num_blocks[g], per_block, *shape)
 
             if s.fp8:
@@ -225,6 +135,8 @@ class PagedKVStorage:
             else:
                 self.streams[s.layer, s.name] = carve(s.shape, s.dtype)
             self.specs[s.layer, s.name], self.group[s.layer, s.name] = s, g
+        if offsets != self.page_bytes:  # the views fill the pages exactly, as the memory plan counts them
+            raise RuntimeError(f"carved {offsets} bytes per page, CacheLayout.page_bytes says {self.page_bytes}")
         self.num_state_slots, self.num_snapshots = num_state_slots, num_snapshots
         slots = num_state_slots + num_snapshots
         self.states = {(s.layer, s.name): torch.zeros((slots, *s.shape), dtype=s.dtype, device=device)

@@ -20,7 +20,8 @@ import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine.request import Request, RequestStatus
-from dayzero.cache.paged import PagedKVStorage, probe_layout
+from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
+from dayzero.cache.paged import PagedKVStorage, checked_layout
 from dayzero.cache.snapshots import SnapshotCache
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
@@ -59,7 +60,7 @@ class _Track:
 class Engine:
     def __init__(self, model: CausalLM, tokenizer=None, *, eos_token_ids: set[int] = frozenset(),
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
+                 block_size: int = DEFAULT_BLOCK_SIZE, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
                  kv_cache_dtype: str = "auto", seed: int = 0):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
@@ -72,7 +73,7 @@ class Engine:
         self.vocab_size = model.spec.vocab_size
         self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
         blocks_per_seq = -(-self.max_model_len // block_size)
-        layout = probe_layout(model).with_kv_cache_dtype(kv_cache_dtype)
+        layout = checked_layout(model, kv_cache_dtype)
         stateful = bool(layout.states)
         if num_state_snapshots is None:
             num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0

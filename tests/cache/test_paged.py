@@ -1,4 +1,4 @@
-"""Paged storage: the layout a model's probe finds, the packed step's metadata (positions, write
+"""Paged storage: the page layout, the packed step's metadata (positions, write
 slots per group and rate, block tables, state slots) and the views: what a step writes, its streams
 read back through the block tables, sequence by sequence."""
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
-from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, StateSpec, StreamSpec, probe_layout
+from dayzero.cache.layout import CacheLayout, StateSpec, StreamSpec
+from dayzero.cache.paged import PagedKVStorage, PagedStepCache
 from dayzero.cache.step import SeqStep, build_step
 from dayzero.engine.request import Request
 
@@ -97,23 +98,3 @@ def test_a_fresh_sequence_beside_a_running_one_reads_zero_state():
     assert cache.meta.fresh == (False, True)
     assert torch.equal(cache.layers[0]["s"], torch.stack([torch.ones(2, 2), torch.zeros(2, 2)]))
     kv.free(a), kv.free(b)
-
-
-@pytest.mark.parametrize("name", ["deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear"])
-def test_probe_finds_every_stream_and_state(name, tmp_path):
-    from dayzero.models import load_model
-    from tests.engine.test_llm import FAMILIES
-
-    model = load_model(FAMILIES[name][0](tmp_path), dtype=torch.float32)
-    layout = probe_layout(model)
-    kinds = {(s.name, s.window, s.rate) for s in layout.streams}
-    if name == "deepseek_v32":
-        assert {n for n, _, _ in kinds} == {"kv_latent", "k_pe", "index_k"} and not layout.states
-    if name == "gpt_oss":
-        assert layout.windows == (None, model.config["sliding_window"]) and not layout.states
-    if name == "kimi_linear":  # MLA layers stream their latents, KDA layers keep conv + recurrent states
-        assert {n for n, _, _ in kinds} == {"kv_latent", "k_pe"}
-        assert {s.name for s in layout.states} == {"conv_q", "conv_k", "conv_v", "recurrent"}
-    if name == "deepseek_v4":
-        assert {r for _, _, r in kinds} == {1, 4, 128} and len(layout.windows) == 2
-        assert {s.name for s in layout.states} >= {"comp_pending_kv", "comp_prev_kv", "index_pending_gate"}

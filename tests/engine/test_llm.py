@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
-from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, StreamSpec
+from dayzero.cache.layout import CacheLayout, StreamSpec
+from dayzero.cache.paged import PagedKVStorage, PagedStepCache
 from dayzero.cache.step import SeqStep, build_step
 from dayzero.engine import SamplingParams
 from dayzero.engine.request import Request

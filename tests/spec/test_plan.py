@@ -45,20 +45,24 @@ def test_kimi_k3_kda_state_is_about_0_4_gib():
 
 
 def test_cache_entry_sizes():
+    """What the paged storage allocates (bf16, blocks of 16 tokens; dayzero/cache/layout.py)."""
     v3 = load_spec(config("deepseek-v3")).layers[0].attention
     assert layer_cache(v3, "bf16").per_token == 576 * 2
-    assert layer_cache(v3, "fp8").per_token == 656
+    assert layer_cache(v3, "fp8").per_token == 512 + 4 * 4 + 64 + 4  # e4m3 + an fp32 scale per 128, rope too
     v32 = load_spec(config("deepseek-v3.2")).layers[0].attention
-    assert layer_cache(v32, "fp8").per_token == 656 + 132  # + indexer K: 128 e4m3 + fp32 scale
+    assert layer_cache(v32, "bf16").per_token == 576 * 2 + 128 * 2  # + indexer K
+    assert layer_cache(v32, "fp8").per_token == 596 + 128 + 4
     oss = load_spec(config("gpt-oss-120b"))
     swa, full = oss.layers[0].attention, oss.layers[1].attention
     assert layer_cache(full).per_token == 2 * 8 * 64 * 2
-    assert layer_cache(swa).per_token == 0 and layer_cache(swa).fixed == 128 * 2 * 8 * 64 * 2
+    # a window of 128 holds the blocks of its last 127 tokens and the next one's: 9 blocks of 16
+    assert layer_cache(swa).per_token == 0 and layer_cache(swa).fixed == 9 * 16 * 2 * 8 * 64 * 2
     pro = load_spec(config("deepseek-v4-pro"))
     hca, csa = pro.layers[0].attention, pro.layers[2].attention
-    assert layer_cache(hca).per_token == pytest.approx(1024 / 128)
-    assert layer_cache(csa).per_token == pytest.approx(1024 / 4 + 132 / 4)
-    assert layer_cache(csa).fixed > 128 * 1024  # window + compressor buffers
+    assert layer_cache(hca).per_token == 1024 / 16  # one 128-token entry per 16-token block
+    assert layer_cache(csa).per_token == 1024 / 4 + 256 / 4  # compressed entries + indexer keys, ratio 4
+    compressor = 4 * 4 * 2 * 512 * 2 + 4 * 4 * 2 * 128 * 2  # pending + prev kv/gate of both compressors
+    assert layer_cache(csa).fixed == 9 * 16 * 1024 + compressor
 
 
 def test_bytes_per_param():
