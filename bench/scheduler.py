@@ -22,6 +22,7 @@ import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine import Request, SamplingParams, Scheduler
+from dayzero.engine.detokenizer import IncrementalDetokenizer
 from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import Sampler, StopChecker
 
@@ -69,13 +70,14 @@ def main() -> None:
     greedy_us = timed(lambda: sampler(logits, greedy_states), steps)
     topp_us = timed(lambda: sampler(logits, topp_states), steps)
 
-    checkers = [StopChecker(SamplingParams(stop=["\n\n", "###"]), {2}) for _ in range(n)]
+    checkers = [StopChecker(SamplingParams(stop=["\n\n", "###"], max_tokens=None), {2}) for _ in range(n)]
     outputs = [torch.randint(3, vocab, (40,)).tolist() for _ in range(n)]
+    detoks = [IncrementalDetokenizer(llm.tokenizer, ids) for ids in outputs]
 
-    def detok_step():
-        for checker, ids in zip(checkers, outputs):
-            text = llm.tokenizer.decode(ids, skip_special_tokens=True)
-            checker.check(text, ids[-1], len(ids))
+    def detok_step():  # one new token per request, detokenized incrementally, then the stop check
+        for checker, ids, detok in zip(checkers, outputs, detoks):
+            ids.append(int(torch.randint(3, vocab, ())))
+            checker.check(detok.step(), ids[-1], len(ids))
 
     detok_us = timed(detok_step, max(3, steps // 4))
 

@@ -4,7 +4,8 @@
 and pool limits) before queueing it, so a bad request raises ValueError naming the value and
 nothing else changes. `Engine.step()` runs one scheduler step (continuous batching, token budget,
 chunked prefill, preemption), the runner's forward, one batched sampler call, the scheduler's
-update (max_tokens, EOS, stop ids) and the stop-string check on the detokenized text, and returns
+update (max_tokens, EOS, stop ids), incremental detokenization (only the new tokens,
+dayzero/engine/detokenizer.py) and the stop-string check on the new text, and returns
 a `RequestUpdate` for every request that got a token or finished. `Engine.abort` frees a
 request's blocks at once. The offline `LLM` and the server drive this same object.
 """
@@ -19,6 +20,7 @@ from typing import Sequence
 import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
+from dayzero.engine.detokenizer import IncrementalDetokenizer
 from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
 from dayzero.cache.paged import PagedKVStorage, checked_layout
@@ -46,14 +48,18 @@ class RequestUpdate:
 
 @dataclass
 class _Track:
-    """The engine's view of one request: the scheduler's request plus sampling and stop state."""
+    """The engine's view of one request: the scheduler's request plus sampling, detokenizer and stop
+    state. Text flows detokenizer -> stop checker -> `unsent` (released, not yet handed out as a
+    text_delta: at most a possible stop-string prefix and the step's new text)."""
 
     request: Request
     state: SamplingState
     stop: StopChecker
-    text: str = ""  # detokenized output so far
-    final_text: str | None = None  # the returned text once finished (stop string removed)
+    detokenizer: IncrementalDetokenizer | None  # None: no tokenizer, the text stays empty
+    unsent: str = ""
     sent: int = 0  # characters already handed out as text_delta
+    final_length: int | None = None  # characters of the output to return, once finished (stop string removed)
+    final_text: str | None = None  # the returned text once finished
     logprobs: list[TokenLogprobs] = field(default_factory=list)
 
 
@@ -135,7 +141,9 @@ class Engine:
         state = self.sampler.new_state(params, req.prompt_token_ids, sample_index=sample_index,
                                        output_token_ids=req.output_token_ids)
         self.scheduler.add(req)
-        self.tracks[request_id] = _Track(req, state, StopChecker(params, self.scheduler.eos_token_ids))
+        detokenizer = (None if self.tokenizer is None else
+                       IncrementalDetokenizer(self.tokenizer, req.output_token_ids, params.skip_special_tokens))
+        self.tracks[request_id] = _Track(req, state, StopChecker(params, self.scheduler.eos_token_ids), detokenizer)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request and free its blocks at once; False if it is unknown or already done."""
@@ -167,26 +175,39 @@ class Engine:
             if step_logprobs[rid] is not None:
                 track.logprobs.append(step_logprobs[rid])
             req = track.request
-            track.text = self._decode(req.output_token_ids, req.sampling_params)
-            decision = track.stop.check(track.text, token, len(req.output_token_ids))
+            piece = self._release(track, flush=rid in finished)  # no more tokens come: the tail is final too
+            decision = track.stop.check(piece, token, len(req.output_token_ids))
             if decision.finish_reason is not None:
-                track.final_text = decision.text
+                track.final_length = decision.length
                 if rid not in finished:  # a stop string: the scheduler cannot see text
                     self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, decision.stop_reason)
             if req.is_finished:
                 updates.append(self._finish_update(track, [token], step_logprobs[rid]))
             else:
-                visible = track.text[: track.stop.streamable_length(track.text)]
-                visible = visible.rstrip("\ufffd")  # a multi-byte character still incomplete: wait for it
-                updates.append(RequestUpdate(rid, [token], visible[track.sent:], False, logprobs=step_logprobs[rid],
+                ready = track.stop.streamable_length() - track.sent  # characters that cannot become a stop string
+                delta, track.unsent = track.unsent[:ready], track.unsent[ready:]
+                track.sent += len(delta)
+                updates.append(RequestUpdate(rid, [token], delta, False, logprobs=step_logprobs[rid],
                                              num_cached_tokens=req.num_cached_tokens))
-                track.sent = max(track.sent, len(visible))
         return updates
+
+    @staticmethod
+    def _release(track: _Track, flush: bool) -> str:
+        """The text the request's new tokens made final (all of it when flush), also kept as unsent."""
+        if track.detokenizer is None:
+            return ""
+        piece = track.detokenizer.step()
+        if flush:
+            piece += track.detokenizer.flush()
+        track.unsent += piece
+        return piece
 
     def _finish_update(self, track: _Track, tokens: list[int], lp: TokenLogprobs | None = None) -> RequestUpdate:
         req = track.request
-        if track.final_text is None:
-            track.final_text = track.text
+        if track.final_length is None:  # finished while scheduling (the pool is full): release the tail
+            track.final_length = track.stop.check(self._release(track, flush=True), -1, len(req.output_token_ids)).length
+        text = track.detokenizer.text if track.detokenizer is not None else ""
+        track.final_text = text[:track.final_length]
         self.runner.free(req.request_id)
         delta = track.final_text[track.sent:]
         track.sent = len(track.final_text)
@@ -196,11 +217,6 @@ class Engine:
     def pop_finished(self, request_id: str) -> _Track:
         """Hand over a finished request's track (its text, tokens, logprobs) and forget it."""
         return self.tracks.pop(request_id)
-
-    def _decode(self, token_ids: list[int], params: SamplingParams) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=params.skip_special_tokens)
 
 
 def window_pool_blocks(window: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:

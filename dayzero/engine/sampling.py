@@ -340,19 +340,20 @@ def _gather_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, params: list[Sa
 class StopDecision:
     finish_reason: str | None  # None = continue; "stop" (EOS, stop token, stop string) or "length"
     stop_reason: int | str | None  # the stop token id or stop string matched; None for EOS and length
-    text: str  # the output text to return: without a matched stop string or the stopping token's text
+    length: int  # characters of the output text to return: before a matched stop string or the stopping token's text
 
 
 class StopChecker:
     """Decides, after each sampled token, whether a request is finished (OpenAI/vLLM semantics).
 
-    One per request. Call `check` once per new token with the detokenized output text so far,
-    including that token's text; the text only ever grows by appending. Checks, in order: EOS
-    (unless ignore_eos), stop_token_ids, stop strings (which may span several tokens: the search
-    covers the new text plus the longest stop string's length - 1 characters before it, so each
-    character is searched once), then max_tokens. A stop string wins over max_tokens when both
-    happen at the same token. The returned text ends before the earliest matched stop string; a
-    stopping EOS or stop token contributes no text.
+    One per request. Call `check` once per new token with the text that token made final (the
+    detokenizer's piece, possibly empty: dayzero/engine/detokenizer.py), so the output text only
+    ever grows by appending. Checks, in order: EOS (unless ignore_eos), stop_token_ids, stop strings
+    (which may span several tokens: the search covers the new text plus the last longest-stop-string
+    - 1 characters before it, which the checker keeps, so each character is searched once and a
+    call's work does not grow with the output), then max_tokens. A stop string wins over max_tokens
+    when both happen at the same token. The decision's `length` ends before the earliest matched
+    stop string; a stopping EOS or stop token contributes no text.
     """
 
     def __init__(self, params: SamplingParams, eos_token_ids: int | list[int] | set[int] | None):
@@ -365,31 +366,35 @@ class StopChecker:
             self.eos = frozenset(eos_token_ids)
         self.stop_token_ids = frozenset(params.stop_token_ids)
         self.max_stop_len = max((len(s) for s in params.stop), default=0)
-        self.checked_len = 0  # length of the output text at the previous call
+        self.length = 0  # characters of output text seen so far
+        self.tail = ""  # its last max_stop_len - 1 characters
 
-    def check(self, output_text: str, new_token_id: int, num_output_tokens: int) -> StopDecision:
-        previous, self.checked_len = self.checked_len, len(output_text)
+    def check(self, new_text: str, new_token_id: int, num_output_tokens: int) -> StopDecision:
+        previous = self.length
+        self.length += len(new_text)
+        window, window_start = self.tail + new_text, previous - len(self.tail)
+        keep = self.max_stop_len - 1
+        self.tail = window[max(len(window) - keep, 0):] if keep > 0 else ""
         if new_token_id in self.eos:
-            return StopDecision("stop", None, output_text[:previous])
+            return StopDecision("stop", None, previous)
         if new_token_id in self.stop_token_ids:
-            return StopDecision("stop", new_token_id, output_text[:previous])
-        if self.params.stop:
-            start = max(0, previous - self.max_stop_len + 1)
-            matches = [(i, s) for s in self.params.stop if (i := output_text.find(s, start)) >= 0]
+            return StopDecision("stop", new_token_id, previous)
+        if self.params.stop and new_text:
+            matches = [(i, s) for s in self.params.stop if (i := window.find(s)) >= 0]
             if matches:
                 index, stop = min(matches)
-                return StopDecision("stop", stop, output_text[:index])
+                return StopDecision("stop", stop, window_start + index)
         if self.params.max_tokens is not None and num_output_tokens >= self.params.max_tokens:
-            return StopDecision("length", None, output_text)
-        return StopDecision(None, None, output_text)
+            return StopDecision("length", None, self.length)
+        return StopDecision(None, None, self.length)
 
-    def streamable_length(self, output_text: str) -> int:
+    def streamable_length(self) -> int:
         """How much of a not-yet-stopped output is safe to stream: all of it but a trailing part that
         could still grow into a stop string (the longest suffix that is a proper prefix of one)."""
         hold = 0
         for stop in self.params.stop:
-            for n in range(min(len(stop) - 1, len(output_text)), hold, -1):
-                if output_text.endswith(stop[:n]):
+            for n in range(min(len(stop) - 1, len(self.tail)), hold, -1):
+                if self.tail.endswith(stop[:n]):
                     hold = n
                     break
-        return len(output_text) - hold
+        return self.length - hold

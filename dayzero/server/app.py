@@ -48,7 +48,8 @@ class ServerConfig:
 class _Seq:
     prompt_index: int
     prompt_ids: list[int]
-    text: str = ""
+    pieces: list[str] = field(default_factory=list)  # the text deltas received, joined on demand
+    num_chars: int = 0
     token_ids: list[int] = field(default_factory=list)
     logprobs: list = field(default_factory=list)
     finish_reason: str | None = None
@@ -57,12 +58,18 @@ class _Seq:
 
     def add(self, update: RequestUpdate) -> None:
         self.cached_tokens = max(self.cached_tokens, update.num_cached_tokens)
-        self.text += update.text_delta
+        if update.text_delta:
+            self.pieces.append(update.text_delta)
+            self.num_chars += len(update.text_delta)
         self.token_ids += update.new_token_ids
         if update.logprobs is not None:
             self.logprobs.append(update.logprobs)
         if update.finished:
             self.finish_reason, self.stop_reason = update.finish_reason, update.stop_reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
 
 def _param_of(message: str, default: str) -> str:
@@ -269,7 +276,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             async def events(items):
                 async for index, update in items:
                     seq = seqs[index]
-                    offset = len(seq.text)
+                    offset = seq.num_chars
                     seq.add(update)
                     if update.text_delta or update.finished or (want_lp and update.logprobs):
                         lp = completion_logprobs([update.logprobs] if update.logprobs else [], offset) if want_lp else None

@@ -123,6 +123,26 @@ def test_stop_strings_and_stop_token_ids(demo_llm):
     _assert_pool_free(demo_llm)
 
 
+def test_detokenizing_costs_the_same_per_token_at_any_length(demo_llm):
+    """The engine decodes only a few tokens per step (dayzero/engine/detokenizer.py): the tokens passed
+    to the tokenizer per output token stay flat from 3 to 16 tokens (a whole decode per step would
+    grow from 2 to 8.5 per token), and the text is the whole output's decode."""
+    from tests.engine.test_detokenizer import CountingTokenizer
+
+    tokenizer = demo_llm.engine.tokenizer
+    demo_llm.engine.tokenizer = counting = CountingTokenizer(tokenizer)
+    try:
+        per_token = []
+        for n in (3, 16):
+            counting.calls.clear()
+            out = demo_llm.generate([[5, 6, 7]], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))[0]
+            per_token.append(sum(counting.calls) / n)
+            assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    finally:
+        demo_llm.engine.tokenizer = tokenizer
+    assert per_token[1] <= 1.5 * per_token[0] + 2, per_token
+
+
 @pytest.mark.parametrize("prompt, params, message", [
     ([], SamplingParams(), "prompt 1 is empty"),
     ([1, 10**6], SamplingParams(), "token id 1000000 is outside the vocabulary"),

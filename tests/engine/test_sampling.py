@@ -297,13 +297,15 @@ PIECES = {1: "Hello", 2: " wor", 3: "ld", 4: "E", 5: "N", 6: "D", 7: "x", 8: "fo
 
 
 def _generate(params, tokens, eos=EOS):
-    """Feed tokens one at a time as an engine would; return (finish_reason, stop_reason, text, count)."""
+    """Feed tokens one at a time as an engine would (each with the text it made final); return
+    (finish_reason, stop_reason, text, count)."""
     checker, text = StopChecker(params, eos), ""
     for n, t in enumerate(tokens, 1):
         text += PIECES.get(t, "")
-        d = checker.check(text, t, n)
+        d = checker.check(PIECES.get(t, ""), t, n)
+        assert checker.length == len(text)
         if d.finish_reason:
-            return d.finish_reason, d.stop_reason, d.text, n
+            return d.finish_reason, d.stop_reason, text[:d.length], n
     return None, None, text, len(tokens)
 
 
@@ -330,9 +332,27 @@ def test_eos_and_stop_token_ids():
     assert _generate(SamplingParams(max_tokens=None), [7] * 100) == (None, None, "x" * 100, 100)
 
 
+def _checker_after(params, text):
+    checker = StopChecker(params, EOS)
+    for ch in text:
+        checker.check(ch, 7, 1)
+    return checker
+
+
 def test_streamable_length_holds_back_a_possible_stop_prefix():
-    checker = StopChecker(SamplingParams(stop=["STOP", "xyz"]), EOS)
-    assert checker.streamable_length("Hello ST") == len("Hello ")
-    assert checker.streamable_length("Hello x") == len("Hello ")
-    assert checker.streamable_length("Hello S T") == len("Hello S T")
-    assert StopChecker(SamplingParams(), EOS).streamable_length("abc") == 3
+    params = SamplingParams(stop=["STOP", "xyz"], max_tokens=None)
+    assert _checker_after(params, "Hello ST").streamable_length() == len("Hello ")
+    assert _checker_after(params, "Hello x").streamable_length() == len("Hello ")
+    assert _checker_after(params, "Hello S T").streamable_length() == len("Hello S T")
+    assert _checker_after(SamplingParams(max_tokens=None), "abc").streamable_length() == 3
+
+
+def test_a_stop_string_split_over_many_small_pieces_is_found_with_bounded_work():
+    """The checker keeps only the last len(longest stop) - 1 characters: a stop string arriving one
+    character (or nothing) per token is still found, at the right place, after 10,000 characters."""
+    checker = StopChecker(SamplingParams(stop=["<end>", "zz"], max_tokens=None), EOS)
+    pieces = ["ab"] * 5000 + ["<", "", "e", "nd", ">tail"]
+    for n, piece in enumerate(pieces, 1):
+        d = checker.check(piece, 7, n)
+        assert len(checker.tail) <= 4
+    assert (d.finish_reason, d.stop_reason, d.length) == ("stop", "<end>", 10000)
