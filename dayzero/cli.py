@@ -8,24 +8,28 @@ import sys
 import time
 from pathlib import Path
 
+from dayzero.model_path import checkpoint_dir, config_file
+from dayzero.server.serve import DEMO_SERVED_NAME
 
-def _model_dir(path: str | None) -> Path:
-    """The checkpoint directory to use: PATH as given (a dir or its config.json), or the demo."""
-    if path is None:
-        from dayzero.demo import demo_checkpoint
+DEMO_NOTE = ("the demo's weights are random, so its text is noise by design: it is there to run every part of "
+             "the engine (loading, paging, batching, sampling, serving) without a download; give a checkpoint "
+             "directory for real text")
 
-        started = time.perf_counter()
-        out = demo_checkpoint()
-        print(f"[dayzero] no model given: using the demo checkpoint at {out} ({time.perf_counter() - started:.1f} s)", file=sys.stderr)
-        return out
-    p = Path(path).expanduser()
-    if p.is_file() and p.name == "config.json":
-        return p.parent
-    if not p.exists():
-        raise FileNotFoundError(f"model path {p} does not exist (give a checkpoint directory or its config.json)")
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"{p} has no config.json: is it a Hugging Face checkpoint directory?")
-    return p
+
+def _demo_dir(note: bool = False) -> Path:
+    from dayzero.demo import demo_checkpoint
+
+    started = time.perf_counter()
+    out = demo_checkpoint()
+    print(f"[dayzero] no model given: using the demo checkpoint at {out} ({time.perf_counter() - started:.1f} s)"
+          + (f"; {DEMO_NOTE}" if note else ""), file=sys.stderr)
+    return out
+
+
+def _model_dir(path: str | None, note: bool = False) -> Path:
+    """The checkpoint directory to use: PATH (a directory or its config.json), or the demo (with
+    `note`, saying once that its text is noise)."""
+    return _demo_dir(note) if path is None else checkpoint_dir(path)
 
 
 def _has_weights(model_dir: Path) -> bool:
@@ -35,11 +39,12 @@ def _has_weights(model_dir: Path) -> bool:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from dayzero.inspect import build_report, format_report
 
-    model_dir = _model_dir(args.model)
+    config = _model_dir(None) / "config.json" if args.model is None else config_file(args.model)
+    model_dir = config.parent
     plan_args = {"gpus": args.gpus, "context": args.context}
     if args.gpu_mem_gib is not None:
         plan_args["gpu_mem_gib"] = args.gpu_mem_gib
-    report = build_report(model_dir, **plan_args)
+    report = build_report(config, **plan_args)
     text = format_report(report)
     if _has_weights(model_dir):
         report["checkpoint"], checkpoint_text = _checkpoint_summary(model_dir, load=args.load, device=args.device)
@@ -90,7 +95,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from dayzero.engine import SamplingParams
     from dayzero.engine.llm import LLM
 
-    model_dir = _model_dir(args.model)
+    model_dir = _model_dir(args.model, note=True)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop or [],
                             ignore_eos=args.ignore_eos)
@@ -107,7 +112,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from dayzero.server.serve import serve
 
-    return serve(args, _model_dir(args.model))
+    if args.model is None and args.served_model_name is None:
+        args.served_model_name = DEMO_SERVED_NAME
+    return serve(args, _model_dir(args.model, note=True))
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
@@ -115,6 +122,21 @@ def cmd_ops(args: argparse.Namespace) -> int:
 
     print(coverage_table())
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _add_model_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """MODEL positional or --model / --model-path, as vLLM (`serve MODEL`) and SGLang (--model-path)
+    take it; main() merges the two."""
+    p.add_argument("model", nargs="?", metavar="MODEL", help=f"{what}; without it, the demo checkpoint")
+    p.add_argument("--model", "--model-path", dest="model_option", metavar="MODEL", default=None,
+                   help="the same as MODEL")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,11 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the ops each layer needs with the backends that cover them, and a memory plan. "
         "Without MODEL, the embedded demo checkpoint.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory or its config.json")
+    _add_model_arguments(p, "checkpoint directory, or its config file (any name: only the config is read)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs to plan for (default 1)")
+    p.add_argument("--gpus", type=_positive_int, default=1, help="GPUs to plan for (default 1)")
     p.add_argument("--gpu-mem-gib", type=float, default=None, help="memory per GPU in GiB (default: H200, 141)")
-    p.add_argument("--context", type=int, default=None, help="context length to size the KV cache for")
+    p.add_argument("--context", type=_positive_int, default=None, help="context length to size the KV cache for")
     p.add_argument("--load", action="store_true", help="also read every tensor back from disk, validating the files")
     p.add_argument("--device", default="cpu", help="device to load tensors to with --load (default cpu)")
     p.set_defaults(func=cmd_inspect)
@@ -147,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
         "step (against both) and whether greedy tokens agree. Exits 1 at the first divergence. Without MODEL, "
         "the demo checkpoint.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory")
+    _add_model_arguments(p, "checkpoint directory")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--prompt-len", type=int, default=32, help="random prompt length (default 32)")
     p.add_argument("--decode-steps", type=int, default=8, help="greedy decode steps (default 8)")
@@ -167,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="generate text for a prompt, streaming tokens as they come",
         description="Load the checkpoint (without MODEL, the demo) and stream a completion of the prompt.",
     )
-    p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory")
+    _add_model_arguments(p, "checkpoint directory")
     p.add_argument("--prompt", "-p", default="The lighthouse keeper", help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default 64)")
@@ -187,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve the model over HTTP: OpenAI API and SGLang's native API",
         description="Start an HTTP server with the OpenAI API (/v1/models, /v1/completions, "
         "/v1/chat/completions), SGLang's native API (/generate, /get_model_info, /get_server_info, /health, "
-        "/health_generate, /flush_cache) and Prometheus /metrics. Without --model, the demo checkpoint.",
+        "/health_generate, /flush_cache) and Prometheus /metrics. Without MODEL, the demo checkpoint "
+        f"(served as {DEMO_SERVED_NAME!r}).",
     )
-    p.add_argument("--model", "--model-path", dest="model", default=None, help="checkpoint directory")
+    _add_model_arguments(p, "checkpoint directory")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=30000, help="port (default 30000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (except /health, /metrics)")
@@ -229,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if getattr(args, "gpus", 1) < 1:
-        parser.error("--gpus must be at least 1")
+    if getattr(args, "model_option", None) is not None:
+        if args.model is not None and args.model != args.model_option:
+            parser.error(f"two models given: MODEL {args.model!r} and --model {args.model_option!r}; give one")
+        args.model = args.model_option
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:

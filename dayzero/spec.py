@@ -27,11 +27,11 @@ engine cannot handle raises `UnsupportedModelError`.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from dayzero.model_path import read_json
 from dayzero.validation import UnsupportedModelError, check_supported
 
 ATTENTION_KINDS = ("mla", "dsa", "swa", "csa", "hca", "gqa", "kda")
@@ -409,15 +409,15 @@ def _read_config_files(path: Path) -> tuple[dict, str, dict | None]:
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json at {config_path}; pass a checkpoint directory or a config.json path")
-    cfg = json.loads(config_path.read_text())
+    cfg = read_json(config_path)
     extra_quant = None
     folder = config_path.parent
     qc_path = folder / "quantization_config.json"
     modelopt_path = folder / "hf_quant_config.json"
     if qc_path.is_file():
-        extra_quant = json.loads(qc_path.read_text())
+        extra_quant = read_json(qc_path)
     elif modelopt_path.is_file():
-        algo = json.loads(modelopt_path.read_text()).get("quantization", {}).get("quant_algo")
+        algo = read_json(modelopt_path).get("quantization", {}).get("quant_algo")
         if algo not in MODELOPT_ALGOS:
             raise UnsupportedModelError("quantization.quant_algo", algo, tuple(MODELOPT_ALGOS), str(modelopt_path))
         extra_quant = {"quant_method": "modelopt", "quant_algo": algo}

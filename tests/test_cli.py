@@ -4,7 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from dayzero.cli import main
+from tests.readme import shell_commands
 from tests.spec.fullsize_configs import config
 
 
@@ -80,3 +83,83 @@ def test_console_entry_point_runs():
     proc = subprocess.run([sys.executable, "-m", "dayzero", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     assert "inspect" in proc.stdout
+
+
+def test_every_readme_command_parses():
+    """The README's dayzero commands use flags that exist (the model paths are examples)."""
+    from dayzero.cli import build_parser
+
+    commands = [argv[1:] for argv in shell_commands() if argv[0] == "dayzero"]
+    assert {argv[0] for argv in commands} >= {"verify", "generate", "serve", "inspect"}
+    for argv in commands:
+        build_parser().parse_args(argv)
+    tests = [argv for argv in shell_commands("Quick start") if argv[:3] == ["python", "-m", "pytest"]]
+    assert tests == [["python", "-m", "pytest", "-q"]]
+
+
+def test_inspect_reads_a_config_file_of_any_name(tmp_path, capsys):
+    (tmp_path / "k3.json").write_text(json.dumps(config("kimi-k3")))
+    rc, out, err = _run(capsys, "inspect", str(tmp_path / "k3.json"), "--json")
+    assert rc == 0, err
+    assert json.loads(out)["model_type"] == "kimi_k3"
+
+
+def test_a_malformed_config_is_an_error_naming_the_file(tmp_path, capsys):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt_oss",\n  "hidden_size": }')
+    rc, _, err = _run(capsys, "inspect", str(tmp_path))
+    assert rc == 2
+    assert f"{tmp_path / 'config.json'} is not valid JSON" in err and "line 2" in err
+    (tmp_path / "config.json").write_text("[1, 2]")
+    rc, _, err = _run(capsys, "inspect", str(tmp_path / "config.json"))
+    assert rc == 2 and "holds a JSON list" in err
+
+
+def test_context_and_gpus_must_be_positive(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(config("gpt-oss-120b")))
+    for flag, value in (("--context", "-5"), ("--context", "0"), ("--gpus", "0")):
+        with pytest.raises(SystemExit) as exc:
+            main(["inspect", str(tmp_path), flag, value])
+        assert exc.value.code == 2
+        assert f"{flag}: must be at least 1, got {value}" in capsys.readouterr().err
+    from dayzero.plan import memory_plan
+    from dayzero.spec import load_spec
+
+    with pytest.raises(ValueError, match="context must be at least 1 token, got -5"):
+        memory_plan(load_spec(tmp_path), context=-5)
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "generate", "serve"])
+def test_every_command_takes_the_model_positionally_or_as_an_option(command, capsys):
+    for argv in ([command, "/nonexistent/model"], [command, "--model", "/nonexistent/model"],
+                 [command, "--model-path", "/nonexistent/model"]):
+        rc, _, err = _run(capsys, *argv)
+        assert rc == 2 and "model path /nonexistent/model does not exist" in err, (argv, err)
+    with pytest.raises(SystemExit):
+        main([command, "/a", "--model", "/b"])
+    assert "two models given" in capsys.readouterr().err
+
+
+def test_a_checkpoint_path_that_is_another_file_is_an_error(tmp_path, capsys):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    rc, _, err = _run(capsys, "generate", str(tmp_path / "weights.bin"))
+    assert rc == 2 and "weights.bin is a file, not a checkpoint" in err
+
+
+def test_serve_on_a_busy_port_fails_before_loading_the_model(monkeypatch, capsys):
+    import socket
+
+    import dayzero.engine.llm
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr(dayzero.engine.llm, "LLM", no_load)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc, _, err = _run(capsys, "serve", "--port", str(port))
+    assert rc == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    rc, _, err = _run(capsys, "serve", "--port", "70000")
+    assert rc == 2 and "--port must be in [1, 65535]" in err

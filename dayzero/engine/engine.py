@@ -1,8 +1,8 @@
 """The engine core: requests in, one step at a time, per-request updates out.
 
-`Engine.add_request` validates a request completely (prompt, token ids, sampling values, context
-and pool limits) before queueing it, so a bad request raises ValueError naming the value and
-nothing else changes. `Engine.step()` runs one scheduler step (continuous batching, token budget,
+`Engine.validate` checks a request completely (prompt, token ids, sampling values, context and
+pool limits) before it is queued, so a bad request raises InvalidRequestError (a ValueError)
+naming the value and the field, and nothing else changes. `Engine.step()` runs one scheduler step (continuous batching, token budget,
 chunked prefill, preemption), the runner's forward, one batched sampler call, the scheduler's
 update (max_tokens, EOS, stop ids), incremental detokenization (only the new tokens,
 dayzero/engine/detokenizer.py) and the stop-string check on the new text, and returns
@@ -12,7 +12,6 @@ request's blocks at once. The offline `LLM` and the server drive this same objec
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +20,7 @@ import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine.detokenizer import IncrementalDetokenizer
+from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
 from dayzero.cache.paged import PagedKVStorage, checked_layout
@@ -28,6 +28,7 @@ from dayzero.cache.snapshots import SnapshotCache
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
 from dayzero.engine.scheduler import Scheduler
+from dayzero.model_path import read_json
 from dayzero.models import CausalLM
 
 
@@ -108,30 +109,41 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------
     def validate(self, prompt: str | Sequence[int], params: SamplingParams, where: str = "prompt"
                  ) -> tuple[list[int], SamplingParams]:
-        """(prompt token ids, params with max_tokens resolved) or ValueError naming what is wrong."""
+        """(prompt token ids, params with max_tokens resolved) or InvalidRequestError (a ValueError)
+        naming what is wrong; its `param` is the field ("prompt", "max_tokens", ...)."""
+        field_name = where.split(" ")[0]
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"{where}: sampling params must be a SamplingParams, got {type(params).__name__}")
+            raise InvalidRequestError(f"{where}: sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate(self.vocab_size)
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError(f"{where}: this checkpoint has no tokenizer; pass token ids instead of text")
+                raise InvalidRequestError(f"{where}: this checkpoint has no tokenizer; pass token ids instead of text",
+                                          field_name)
             ids = list(self.tokenizer.encode(prompt))
         else:
             ids = list(prompt)
             bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
             if bad is not None:
-                raise ValueError(f"{where}: token id {bad!r} is outside the vocabulary [0, {self.vocab_size})")
+                raise InvalidRequestError(f"{where}: token id {bad!r} is outside the vocabulary [0, {self.vocab_size})",
+                                          field_name)
         if not ids:
-            raise ValueError(f"{where} is empty; at least one token is needed")
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - len(ids)
-        if max_tokens < 1 or len(ids) + max_tokens > self.max_model_len:
-            raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context "
-                             f"of {self.max_model_len} tokens (max_model_len)")
+            raise InvalidRequestError(f"{where} is empty; at least one token is needed", field_name)
+        n, context = len(ids), self.max_model_len
+        if n >= context:
+            raise InvalidRequestError(f"{where} is too long: {n} tokens, and the model's context of {context} tokens "
+                                      "(max_model_len) must also hold at least one generated token; shorten it to at "
+                                      f"most {context - 1} tokens", field_name, "context_length_exceeded")
+        max_tokens = params.max_tokens if params.max_tokens is not None else context - n
+        if n + max_tokens > context:
+            raise InvalidRequestError(f"{where}: max_tokens {max_tokens} is too many: {n} prompt tokens leave room for "
+                                      f"{context - n} in the model's context of {context} tokens (max_model_len)",
+                                      "max_tokens", "context_length_exceeded")
         kv = self.scheduler.kv
-        need = kv.max_blocks_for(len(ids) + max_tokens - 1)
+        need = kv.max_blocks_for(n + max_tokens - 1)
         if need > kv.pool.num_blocks:
-            raise ValueError(f"{where}: {len(ids)} prompt tokens + max_tokens {max_tokens} need {need} KV blocks, "
-                             f"the pool has {kv.pool.num_blocks}; lower max_tokens or give the KV cache more memory")
+            raise InvalidRequestError(f"{where}: {n} prompt tokens + max_tokens {max_tokens} need {need} KV blocks, "
+                                      f"the pool has {kv.pool.num_blocks}; lower max_tokens or give the KV cache more "
+                                      "memory", "max_tokens", "context_length_exceeded")
         return ids, replace(params, max_tokens=max_tokens)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -250,7 +262,7 @@ def eos_token_ids(path: Path, tokenizer) -> set[int]:
     for name in ("generation_config.json", "config.json"):
         f = path / name
         if f.is_file():
-            eos = json.loads(f.read_text()).get("eos_token_id")
+            eos = read_json(f).get("eos_token_id")
             if eos is not None:
                 return set(eos) if isinstance(eos, list) else {int(eos)}
     if tokenizer is not None and tokenizer.eos_token_id is not None:

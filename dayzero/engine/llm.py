@@ -72,7 +72,9 @@ class LLM:
             from dayzero.demo import demo_checkpoint
 
             model = demo_checkpoint()
-        self.path = Path(model)
+        from dayzero.model_path import checkpoint_dir  # a missing path is an error naming it
+
+        self.path = checkpoint_dir(model)
         self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress)
         self.tokenizer = load_tokenizer(self.path)
         _configure_expert_workspace(self.model, fp8_workspace_gib)

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dayzero.engine.errors import InvalidRequestError
+
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (argmax), as vLLM does
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top logprobs
 _SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed accepts
@@ -89,7 +91,8 @@ class SamplingParams:
         return _is_number(self.temperature) and self.temperature < GREEDY_TEMPERATURE
 
     def validate(self, vocab_size: int | None = None) -> None:
-        """Raise ValueError listing every invalid field with its value and the allowed range."""
+        """Raise InvalidRequestError (a ValueError) listing every invalid field with its value and the
+        allowed range; its `param` is the first."""
         problems: list[str] = []
 
         def bad(name: str, allowed: str):
@@ -133,7 +136,7 @@ class SamplingParams:
         if not isinstance(self.skip_special_tokens, bool):
             bad("skip_special_tokens", "expected True or False")
         if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+            raise InvalidRequestError("invalid sampling parameters: " + "; ".join(problems), problems[0].split("=")[0])
 
 
 def _is_int(value) -> bool:

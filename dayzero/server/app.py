@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -24,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from dayzero.engine.engine import RequestUpdate
+from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import SamplingParams
 from dayzero.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Submission
@@ -70,16 +70,6 @@ class _Seq:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
-
-
-def _param_of(message: str, default: str) -> str:
-    """The field a ValueError from SamplingParams.validate / Engine.validate is about."""
-    m = re.search(r"invalid SamplingParams: (\w+)=", message)
-    if m:
-        return m.group(1)
-    if "max_tokens" in message:
-        return "max_tokens"
-    return default
 
 
 def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
@@ -130,10 +120,8 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             raise APIError(400, f"{where} is empty; give some text", where.split(" ")[0])
         try:
             return engine.validate(prompt, params, where)
-        except ValueError as exc:
-            message = str(exc)
-            code = "context_length_exceeded" if "exceed" in message or "KV blocks" in message else None
-            raise APIError(400, message, _param_of(message, where.split(" ")[0]), code=code) from None
+        except InvalidRequestError as exc:
+            raise APIError(400, str(exc), exc.param or where.split(" ")[0], code=exc.code) from None
 
     def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, rids: list[str] | None = None
                     ) -> tuple[list[Submission], list[_Seq]]:
@@ -201,8 +189,8 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     def check_model(model: str | None) -> None:
         if model is not None and model != name:
-            raise APIError(404, f"the model {model!r} does not exist; this server serves {name!r}", "model",
-                           code="model_not_found")
+            raise APIError(404, f"the model {model!r} does not exist; this server serves {name!r} (GET /v1/models)",
+                           "model", code="model_not_found")
 
     def unsupported(param: str, value, default) -> None:
         if value != default:

@@ -1,17 +1,20 @@
-"""`dayzero serve`: load the model, build the app, run uvicorn until SIGINT/SIGTERM.
+"""`dayzero serve`: take the port, load the model, build the app, run uvicorn until SIGINT/SIGTERM.
 
-On SIGTERM uvicorn stops accepting connections and waits up to `GRACEFUL_SHUTDOWN_S` for in-flight
+The listening socket is bound before the model loads, so a busy port (or an address that cannot be
+bound) fails in a second, not after the load. On SIGTERM uvicorn stops accepting connections and waits up to `GRACEFUL_SHUTDOWN_S` for in-flight
 requests to finish; then the lifespan shutdown aborts whatever is left and joins the engine thread.
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import time
 from pathlib import Path
 
 GRACEFUL_SHUTDOWN_S = 30
+DEMO_SERVED_NAME = "demo"  # the API's model name for the demo checkpoint (`dayzero serve` without MODEL)
 
 
 def serve(args: argparse.Namespace, model_dir: Path) -> int:
@@ -20,34 +23,58 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
     from dayzero.engine.llm import LLM
     from dayzero.server.app import ServerConfig, create_app
 
-    for flag, value in (("--max-running-requests", args.max_running_requests), ("--port", args.port)):
-        if value < 1:
-            raise ValueError(f"{flag} must be at least 1, got {value}")
+    if args.max_running_requests < 1:
+        raise ValueError(f"--max-running-requests must be at least 1, got {args.max_running_requests}")
+    if not 1 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
         raise ValueError(f"--mem-fraction must be in (0, 1], got {args.mem_fraction}")
     if args.kv_cache_gib is not None and args.kv_cache_gib <= 0:
         raise ValueError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
-    started = time.perf_counter()
-    llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests,
-              max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
-              max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
-              kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
-              fp8_workspace_gib=args.fp8_workspace_gib,
-              seed=args.seed, progress=True)
-    pool = llm.scheduler.kv.pool
-    print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} tokens, "
-          f"KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
-    config = ServerConfig(
-        served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
-        max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
-        extra_info={"host": args.host, "port": args.port, "chunked_prefill_size": args.chunked_prefill_size,
-                    "mem_fraction": args.mem_fraction, "kv_cache_gib": args.kv_cache_gib,
-                    "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": not args.disable_prefix_caching,
-                    "device": args.device,
-                    "dtype": args.dtype})
-    app = create_app(llm, config)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    sock = bind(args.host, args.port)
+    try:
+        started = time.perf_counter()
+        llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests,
+                  max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
+                  max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
+                  kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
+                  fp8_workspace_gib=args.fp8_workspace_gib,
+                  seed=args.seed, progress=True)
+        pool = llm.scheduler.kv.pool
+        print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} "
+              f"tokens, KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
+        config = ServerConfig(
+            served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
+            max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
+            extra_info={"host": args.host, "port": args.port, "chunked_prefill_size": args.chunked_prefill_size,
+                        "mem_fraction": args.mem_fraction, "kv_cache_gib": args.kv_cache_gib,
+                        "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": not args.disable_prefix_caching,
+                        "device": args.device,
+                        "dtype": args.dtype})
+        app = create_app(llm, config)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                               timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (what uvicorn then listens on); ValueError naming the address
+    when it cannot be had (in use, or not an address of this machine)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host!r} is not an address this machine can bind: {exc.strerror}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a closed server's port is reusable
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror} (is another server on --port {port}? "
+                         "stop it or choose another port)") from None
+    return sock

@@ -77,10 +77,12 @@ def test_a_batch_of_16_prompts_matches_transformers_alone(family):
 
 def test_chunked_prefill_and_preemption_give_the_same_tokens(family):
     name, path, prompts, expected = family
-    # a 16-token budget splits every long prompt; a pool of 4-token blocks that holds the longest
+    # a 16-token budget splits every long prompt (DeepSeek-V4's up to 270 tokens: 42, so that chunks
+    # also end inside a compressor window of 4); a pool of 4-token blocks that holds the longest
     # sequence alone forces preemptions while several run
     longest = max(len(p) for p in prompts) + NEW_TOKENS
-    llm = LLM(path, dtype="float32", max_num_batched_tokens=16, block_size=4, num_kv_blocks=-(-longest // 4) + 1)
+    budget = 42 if name == "deepseek_v4" else 16
+    llm = LLM(path, dtype="float32", max_num_batched_tokens=budget, block_size=4, num_kv_blocks=-(-longest // 4) + 1)
     outs = llm.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == expected
     assert llm.scheduler.num_preemptions > 0
@@ -146,7 +148,8 @@ def test_detokenizing_costs_the_same_per_token_at_any_length(demo_llm):
 @pytest.mark.parametrize("prompt, params, message", [
     ([], SamplingParams(), "prompt 1 is empty"),
     ([1, 10**6], SamplingParams(), "token id 1000000 is outside the vocabulary"),
-    ([1, 2], SamplingParams(max_tokens=10**7), "exceed the model's context"),
+    ([1, 2], SamplingParams(max_tokens=10**7), "max_tokens 10000000 is too many: 2 prompt tokens leave room for 8190"),
+    ([1] * 9000, SamplingParams(max_tokens=None), "prompt 1 is too long: 9000 tokens, and the model's context of 8192"),
     ([1, 2], SamplingParams(temperature=-0.5), "temperature"),
     ([1, 2], SamplingParams(top_p=0.0), "top_p"),
 ])
@@ -170,10 +173,30 @@ def test_generate_cli_streams_the_demo(capsys):
     from dayzero.cli import main
 
     assert main(["generate", "--max-tokens", "4", "--ignore-eos"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert out.endswith("\n") and len(out.strip()) > 0
+    assert err.count("weights are random, so its text is noise by design") == 1
     assert main(["generate", "--temperature", "-1"]) == 2
     assert "temperature" in capsys.readouterr().err
+
+
+def test_the_readme_python_example_runs_as_written(demo_llm, monkeypatch, capsys):
+    import dayzero.engine.llm
+    from tests.readme import code_blocks
+
+    monkeypatch.setattr(dayzero.engine.llm, "LLM", lambda *args, **kwargs: demo_llm)  # LLM() is the demo
+    (example,) = code_blocks("python", "Generating")
+    assert "LLM()" in example
+    exec(compile(example, "README.md", "exec"), {})
+    assert capsys.readouterr().out.count("\n") == 2
+    _assert_pool_free(demo_llm)
+
+
+def test_a_missing_model_path_is_an_error_naming_it(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"model path {tmp_path / 'nothing'} does not exist"):
+        LLM(tmp_path / "nothing")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        LLM(tmp_path)
 
 
 def test_kv_pool_sized_from_a_memory_budget():

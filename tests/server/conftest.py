@@ -31,10 +31,11 @@ def start_server(**config) -> Running:
 
     from dayzero.engine.llm import LLM
     from dayzero.server.app import ServerConfig, create_app
+    from dayzero.server.serve import DEMO_SERVED_NAME
 
     max_running = config.get("max_running_requests", 16)
     llm = LLM(max_num_seqs=max_running)
-    app = create_app(llm, ServerConfig(served_model_name="demo", **config))
+    app = create_app(llm, ServerConfig(served_model_name=DEMO_SERVED_NAME, **config))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_graceful_shutdown=5))

@@ -31,7 +31,7 @@ CASES = [
     ("/v1/completions", {**OK, "prompt": ""}, "prompt"),
     ("/v1/completions", {**OK, "prompt": []}, "prompt"),
     ("/v1/completions", {**OK, "prompt": [10**9]}, "prompt"),
-    ("/v1/completions", {**OK, "prompt": "word " * 9000}, "max_tokens"),
+    ("/v1/completions", {**OK, "prompt": "word " * 9000}, "prompt"),
     ("/v1/completions", {"max_tokens": 2}, "prompt"),
     ("/v1/chat/completions", {**CHAT, "messages": []}, "messages"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
@@ -57,6 +57,28 @@ def test_bad_request(url, path, body, param):
     err = r.json()["error"]
     assert err["param"] == param, err
     assert err["message"] and err["type"]
+
+
+def test_an_unknown_model_is_a_404_naming_the_served_one(url):
+    r = httpx.post(f"{url}/v1/completions", json={**OK, "model": "gpt-oss-20b"}, timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 404 and err["code"] == "model_not_found"
+    assert "'gpt-oss-20b' does not exist; this server serves 'demo'" in err["message"]
+
+
+def test_too_long_prompts_and_too_many_tokens_name_the_numbers(url):
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": [5] * 9000}, timeout=30)
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    assert "prompt is too long: 9000 tokens" in err["message"] and "8192" in err["message"]
+    assert "SamplingParams" not in err["message"] and "max_tokens" not in err["message"]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi " * 9000}]}, timeout=30)
+    assert r.json()["error"]["param"] == "messages" and "messages is too long" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": [5] * 100, "max_tokens": 8100}, timeout=30)
+    err = r.json()["error"]
+    assert err["param"] == "max_tokens" and "leave room for 8092" in err["message"]
+    r = httpx.post(f"{url}/v1/completions", json={**OK, "temperature": -1}, timeout=30)
+    assert "SamplingParams" not in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b"\xff\xfe", b""])

@@ -1,6 +1,8 @@
-"""SIGTERM while a stream is in flight: `dayzero serve` stops accepting, lets the stream finish
+"""`dayzero serve` as the README starts it: the README's curl request works as written against the
+demo; then SIGTERM while a stream is in flight: the server stops accepting, lets the stream finish
 (ending in data: [DONE]) and exits."""
 
+import json
 import signal
 import socket
 import subprocess
@@ -10,6 +12,8 @@ import time
 
 import httpx
 
+from tests.readme import shell_commands
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -17,10 +21,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_finishes_the_stream_in_flight_then_exits():
+def test_the_readme_example_then_sigterm_finishes_the_stream_in_flight_then_exits():
+    (serve,) = [argv for argv in shell_commands("Serving") if argv[:2] == ["dayzero", "serve"]]
+    (curl,) = [argv for argv in shell_commands("Serving") if argv[0] == "curl"]
+    readme_port = serve[serve.index("--port") + 1]
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "dayzero", "serve", "--port", str(port)],
+    serve[serve.index("--port") + 1] = str(port)  # the README's command, on a free port
+    proc = subprocess.Popen([sys.executable, "-m", "dayzero", *serve[1:]],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
@@ -31,10 +39,14 @@ def test_sigterm_finishes_the_stream_in_flight_then_exits():
             except httpx.HTTPError:
                 time.sleep(0.2)
         model = httpx.get(base + "/v1/models").json()["data"][0]["id"]
+        assert model == "demo"
+        url = curl[1].replace(f":{readme_port}/", f":{port}/")
+        r = httpx.post(url, json=json.loads(curl[curl.index("-d") + 1]), timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
         lines: list[str] = []
 
         def stream():
-            body = {"model": model, "prompt": "hi", "max_tokens": 120, "stream": True, "temperature": 0}
+            body = {"model": model, "prompt": "hi", "max_tokens": 48, "stream": True, "temperature": 0}
             with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
                 lines.extend(line for line in r.iter_lines() if line)
 
