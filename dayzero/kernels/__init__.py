@@ -27,6 +27,7 @@ import torch
 
 from dayzero.kernels.moe_checks import supports_bf16, supports_fp8, supports_mxfp4
 from dayzero.ops.registry import REGISTRY
+import dayzero.kernels.attention  # noqa: E402,F401  (registers the attention kernels: dayzero/kernels/attention)
 
 TRITON_PRIORITY = 10
 
