@@ -55,6 +55,7 @@ def main() -> None:
     ap.add_argument("--fp8", action="store_true", help="float8_e4m3fn keys and values with float32 scales")
     ap.add_argument("--window", action="store_true", help="a sliding window")
     ap.add_argument("--no-sinks", action="store_true")
+    ap.add_argument("--separate-tables", action="store_true", help="k and v paged by different tables")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--tile", help="BLOCK_MxBLOCK_NxWARPSxSTAGES (prefill) / BLOCK_NxWARPSxSTAGES (decode); "
                                    "default: what choose picks at 8K keys")
@@ -70,10 +71,11 @@ def main() -> None:
     block = max(16, triton.next_power_of_2(d))
     common = dict(D=d, DV=d, PAGE_K=args.page, PAGE_V=args.page, BLOCK_D=block, BLOCK_DV=block,
                   HAS_WINDOW=args.window, HAS_SINKS=not args.no_sinks, K_FP8=args.fp8, V_FP8=args.fp8,
+                  SAME_TABLE=not args.separate_tables,
                   DOT_F32=args.dtype == "fp32", INTERPRET=False)
     tile = [int(x) for x in args.tile.split("x")] if args.tile else None
     if args.kernel == "prefill":
-        cfg = choose((8192,), (8192,), hq, hkv, d, 128 if args.window else None).prefill
+        cfg = choose((8192,), (8192,), hq, hkv, d, 128 if args.window else None, float32=args.dtype == "fp32").prefill
         bm, bn, warps, stages = tile or (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         consts = dict(common, HKV=hkv, G=g, BLOCK_M=bm, BQ=bm // g, BLOCK_N=bn)
         compiled = compile_kernel(_gqa_prefill._prefill_kernel, ptrs, consts, warps, stages)

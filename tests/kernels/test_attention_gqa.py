@@ -47,8 +47,9 @@ def _guarded(s: PagedStream) -> PagedStream:
 
 
 def _step(seed, query_lens, seq_lens, hkv, group, d, dv, *, window=None, block=16, sinks=True, fp8=False,
-          dtype=torch.float32, device="cpu", fused_q=True):
-    """(q, k, v, seqs, scale, window, sinks) of a random step."""
+          dtype=torch.float32, device="cpu", fused_q=True, shared=False):
+    """(q, k, v, seqs, scale, window, sinks) of a random step; shared: k and v one stream of [k | v]
+    entries (one table, as a cache group holds them; with FP8 one scale for both, d + dv <= 128)."""
     g = torch.Generator(device=device).manual_seed(seed)
     hq = hkv * group
     keys = [torch.randn(s, hkv, d, generator=g, device=device).to(dtype) for s in seq_lens]
@@ -56,8 +57,13 @@ def _step(seed, query_lens, seq_lens, hkv, group, d, dv, *, window=None, block=1
     seqs = SeqBatch.build(query_lens, seq_lens, device)
     firsts = [s - t + 1 for s, t in zip(seq_lens, query_lens)]  # the first query's window decides the pages kept
     cpu_gen = torch.Generator().manual_seed(seed)
-    k = _guarded(paged_stream(keys, block, generator=cpu_gen, fp8=fp8, window=window, seq_lens=firsts))
-    v = _guarded(paged_stream(values, block, generator=cpu_gen, fp8=fp8, window=window, seq_lens=firsts))
+    if shared:
+        kv = _guarded(paged_stream([torch.cat(e, -1) for e in zip(keys, values)], block, generator=cpu_gen, fp8=fp8,
+                                   window=window, seq_lens=firsts))
+        k, v = replace(kv, data=kv.data[..., :d]), replace(kv, data=kv.data[..., d:])
+    else:
+        k = _guarded(paged_stream(keys, block, generator=cpu_gen, fp8=fp8, window=window, seq_lens=firsts))
+        v = _guarded(paged_stream(values, block, generator=cpu_gen, fp8=fp8, window=window, seq_lens=firsts))
     if fused_q:  # q as the leading heads of a [tokens, hq + 2 hkv, d] projection: rows strided
         q = torch.randn(seqs.num_tokens, hq + 2 * hkv, d, generator=g, device=device).to(dtype)[:, :hq]
     else:
@@ -96,7 +102,7 @@ def test_decode_interpreted(seed):
     n = rng.randint(1, 4)
     seq_lens = [rng.randint(1, 90) for _ in range(n)]
     args = _step(seed, [1] * n, seq_lens, hkv, group, d, dv, window=rng.choice((None, 1, 7, 40)),
-                 block=rng.choice((1, 4, 16)), sinks=rng.random() < 0.7, fp8=seed % 2 == 1)
+                 block=rng.choice((1, 4, 16)), sinks=rng.random() < 0.7, fp8=seed % 2 == 1, shared=seed % 3 == 0)
     for splits in (1, rng.choice((2, 3, 9))):
         _compare(args, Plan(n, DecodeConfig(splits=splits, block_n=16), None))
 
@@ -111,7 +117,7 @@ def test_prefill_interpreted(seed):
     d, dv = rng.choice(((16, 16), (8, 12), (16, 8)))
     query_lens, seq_lens = _random_batch(rng, rng.randint(1, 4), 48)
     args = _step(100 + seed, query_lens, seq_lens, hkv, group, d, dv, window=rng.choice((None, 1, 5, 20)),
-                 block=rng.choice((1, 4, 16)), sinks=rng.random() < 0.7, fp8=seed % 2 == 0)
+                 block=rng.choice((1, 4, 16)), sinks=rng.random() < 0.7, fp8=seed % 2 == 0, shared=seed % 2 == 1)
     block_m = rng.choice((16, 32)) if group < 4 else 16
     _compare(args, Plan(0, None, PrefillConfig(block_m=block_m, block_n=16)))
 
@@ -126,7 +132,8 @@ def test_mixed_step_interpreted(seed):
     chunks = [rng.randint(2, 30) for _ in range(3)]
     query_lens = [1] * dec + chunks + [1]
     seq_lens = [rng.randint(1, 60) for _ in range(dec)] + [t + rng.choice((0, rng.randint(1, 20))) for t in chunks] + [17]
-    args = _step(300 + seed, query_lens, seq_lens, 2, 4, 16, 16, window=rng.choice((None, 6)), block=4)
+    args = _step(300 + seed, query_lens, seq_lens, 2, 4, 16, 16, window=rng.choice((None, 6)), block=4, fp8=seed == 1,
+                 shared=True)
     plan = choose(tuple(query_lens), tuple(seq_lens), 8, 2, 16, args[5])
     assert plan.decode_seqs == dec and plan.decode is not None and plan.prefill is not None
     small = Plan(dec, DecodeConfig(splits=plan.decode.splits, block_n=16), PrefillConfig(block_m=16, block_n=16))
@@ -143,6 +150,13 @@ def test_bf16_streams_interpreted():
         out = _compare(args, Plan(2, DecodeConfig(splits=2, block_n=16), PrefillConfig(block_m=16, block_n=16)),
                        tol=2e-2)
         assert out.dtype == torch.bfloat16
+
+
+@interpreter
+def test_wide_fp8_entries_interpreted():
+    """Head dims above one FP8 group (two scales per entry): both kernels dequantize by group."""
+    args = _step(11, [1, 1, 6, 1], [20, 9, 14, 3], 1, 2, 144, 136, window=10, block=4, fp8=True)
+    _compare(args, Plan(2, DecodeConfig(splits=2, block_n=16), PrefillConfig(block_m=16, block_n=16)))
 
 
 def test_choose_rule():

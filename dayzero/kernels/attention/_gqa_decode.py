@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.attention._paged_tile import LOG2E, load_tile, mma, stream_args
+from dayzero.kernels.attention._paged_tile import LOG2E, load_tile, locate, mma, same_table, stream_args
 from dayzero.kernels.attention.gqa_choose import DecodeConfig
 
 
@@ -23,19 +23,22 @@ from dayzero.kernels.attention.gqa_choose import DecodeConfig
 def _decode_step(acc, l_i, m_i, q, n0, seq_len, kvh, offs_d, offs_dv, qk_scale, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr,
                  v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
                  D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr, PAGE_V: tl.constexpr, BLOCK_N: tl.constexpr,
-                 K_FP8: tl.constexpr, V_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+                 K_FP8: tl.constexpr, V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr):
     """Keys [n0, n0 + BLOCK_N) (those below seq_len, at least one) into the online softmax of the group."""
     tokens = n0 + tl.arange(0, BLOCK_N)
     ok = tokens < seq_len
-    k = load_tile(k_ptr, ks_ptr, k_table, tokens, ok, kvh, offs_d, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
-                  D, PAGE_K, True, K_FP8).to(q.dtype)
+    page, slot = locate(k_table, tokens, ok, PAGE_K, True)
+    k = load_tile(k_ptr, ks_ptr, page, slot, ok, kvh, offs_d, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
+                  D, True, K_FP8).to(q.dtype)
     s = tl.where(ok[None, :], mma(q, tl.trans(k), DOT_F32), float("-inf"))  # scores / qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = load_tile(v_ptr, vs_ptr, v_table, tokens, ok, kvh, offs_dv, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
-                  DV, PAGE_V, True, V_FP8).to(q.dtype)
+    if not SAME_TABLE:
+        page, slot = locate(v_table, tokens, ok, PAGE_V, True)
+    v = load_tile(v_ptr, vs_ptr, page, slot, ok, kvh, offs_dv, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
+                  DV, True, V_FP8).to(q.dtype)
     acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, DOT_F32)
     return acc, l_i, m_new
 
@@ -48,7 +51,7 @@ def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr
                    HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr,
                    PAGE_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, K_FP8: tl.constexpr, V_FP8: tl.constexpr,
-                   DOT_F32: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+                   SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -85,14 +88,14 @@ def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr
             acc, l_i, m_i = _decode_step(acc, l_i, m_i, q, start + t * BLOCK_N, seq_len, kvh, offs_d, offs_dv, qk_scale,
                                          k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
                                          ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V,
-                                         BLOCK_N, K_FP8, V_FP8, DOT_F32)
+                                         BLOCK_N, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
             t += 1
     else:
         for t in range(t_lo, t_hi):
             acc, l_i, m_i = _decode_step(acc, l_i, m_i, q, start + t * BLOCK_N, seq_len, kvh, offs_d, offs_dv, qk_scale,
                                          k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
                                          ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V,
-                                         BLOCK_N, K_FP8, V_FP8, DOT_F32)
+                                         BLOCK_N, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
 
     dv_ok = offs_dv < DV
     if SPLIT:
@@ -166,7 +169,7 @@ def decode(q: torch.Tensor, k, v, seqs, scale: float, sliding_window: int | None
         *k_args[2:], *v_args[2:],
         HQ=hq, G=group, D=d, DV=dv, PAGE_K=k.block_size, PAGE_V=v.block_size, BLOCK_H=_block(group), BLOCK_N=config.block_n,
         BLOCK_D=_block(d), BLOCK_DV=_block(dv), HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None,
-        K_FP8=k.scales is not None, V_FP8=v.scales is not None, DOT_F32=q.dtype == torch.float32 or q.device.type != "cuda", SPLIT=split,
+        K_FP8=k.scales is not None, V_FP8=v.scales is not None, SAME_TABLE=same_table(k, v), DOT_F32=q.dtype == torch.float32 or q.device.type != "cuda", SPLIT=split,
         INTERPRET=q.device.type != "cuda",
         num_warps=config.num_warps, num_stages=config.num_stages)
     if split:

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.attention._paged_tile import LOG2E, load_tile, mma, stream_args
+from dayzero.kernels.attention._paged_tile import LOG2E, load_tile, locate, mma, same_table, stream_args
 from dayzero.kernels.attention.gqa_choose import PrefillConfig
 
 
@@ -30,13 +30,14 @@ def _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, w
             v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh,
             vs_sg, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr, PAGE_V: tl.constexpr,
             BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, K_FP8: tl.constexpr,
-            V_FP8: tl.constexpr, DOT_F32: tl.constexpr):
+            V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr):
     """One key tile [n0, n0 + BLOCK_N) into the online softmax of rows at positions pos [BLOCK_M].
     MASKED: keys outside [lo, hi) are not read, and a row sees key j only if j <= pos (and pos - j < W)."""
     tokens = n0 + tl.arange(0, BLOCK_N)
     ok = (tokens >= lo) & (tokens < hi)
-    k = load_tile(k_ptr, ks_ptr, k_table, tokens, ok, kvh, offs_d, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
-                  D, PAGE_K, MASKED, K_FP8).to(q.dtype)
+    page, slot = locate(k_table, tokens, ok, PAGE_K, MASKED)
+    k = load_tile(k_ptr, ks_ptr, page, slot, ok, kvh, offs_d, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
+                  D, MASKED, K_FP8).to(q.dtype)
     s = mma(q, tl.trans(k), DOT_F32)  # scores / qk_scale (qk_scale > 0: the max commutes with it)
     if MASKED:
         seen = ok[None, :] & (tokens[None, :] <= pos[:, None])
@@ -51,8 +52,10 @@ def _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, w
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s * qk_scale - m_use[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = load_tile(v_ptr, vs_ptr, v_table, tokens, ok, kvh, offs_dv, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
-                  DV, PAGE_V, MASKED, V_FP8).to(q.dtype)
+    if not SAME_TABLE:
+        page, slot = locate(v_table, tokens, ok, PAGE_V, MASKED)
+    v = load_tile(v_ptr, vs_ptr, page, slot, ok, kvh, offs_dv, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
+                  DV, MASKED, V_FP8).to(q.dtype)
     acc = acc * alpha[:, None] + mma(p.to(q.dtype), v, DOT_F32)
     return acc, l_i, m_new
 
@@ -62,7 +65,7 @@ def _attend_range(acc, l_i, m_i, q, n_lo, n_hi, pos, lo, hi, kvh, offs_d, offs_d
                   k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp,
                   vs_ss, vs_sh, vs_sg, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr, PAGE_V: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, K_FP8: tl.constexpr,
-                  V_FP8: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr):
+                  V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr):
     """The key tiles n_lo, n_lo + BLOCK_N, ... below n_hi (n_lo a multiple of BLOCK_N) through `_attend`."""
     if INTERPRET:  # Triton 3.6's interpreter (numpy 2.4) cannot take loop bounds computed in the kernel
         n0 = n_lo
@@ -70,14 +73,14 @@ def _attend_range(acc, l_i, m_i, q, n_lo, n_hi, pos, lo, hi, kvh, offs_d, offs_d
             acc, l_i, m_i = _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window, k_ptr,
                                     ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
                                     v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N, MASKED,
-                                    HAS_WINDOW, K_FP8, V_FP8, DOT_F32)
+                                    HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
             n0 += BLOCK_N
     else:
         for n0 in range(n_lo, n_hi, BLOCK_N):
             acc, l_i, m_i = _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window, k_ptr,
                                     ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
                                     v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N, MASKED,
-                                    HAS_WINDOW, K_FP8, V_FP8, DOT_F32)
+                                    HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
     return acc, l_i, m_i
 
 
@@ -89,8 +92,8 @@ def _prefill_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_pt
                     HKV: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr,
                     PAGE_V: tl.constexpr, BLOCK_M: tl.constexpr, BQ: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                    HAS_SINKS: tl.constexpr, K_FP8: tl.constexpr, V_FP8: tl.constexpr, DOT_F32: tl.constexpr,
-                    INTERPRET: tl.constexpr):
+                    HAS_SINKS: tl.constexpr, K_FP8: tl.constexpr, V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr,
+                    DOT_F32: tl.constexpr, INTERPRET: tl.constexpr):
     pid = tl.program_id(0)
     kvh = pid % HKV
     t = pid // HKV
@@ -149,15 +152,15 @@ def _prefill_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_pt
     acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, a, bnd, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,  # cut by the window
                                   window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
                                   ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N,
-                                  True, HAS_WINDOW, K_FP8, V_FP8, DOT_F32, INTERPRET)
+                                  True, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
     acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, bnd, c, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,  # seen whole by every row
                                   window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
                                   ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N,
-                                  False, HAS_WINDOW, K_FP8, V_FP8, DOT_F32, INTERPRET)
+                                  False, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
     acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, c, key_hi, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,  # the causal edge
                                   window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
                                   ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N,
-                                  True, HAS_WINDOW, K_FP8, V_FP8, DOT_F32, INTERPRET)
+                                  True, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
 
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + qh).to(tl.float32) * LOG2E
@@ -194,5 +197,5 @@ def prefill(q: torch.Tensor, k, v, seqs, scale: float, sliding_window: int | Non
         v.block_table.stride(0), *k_args[2:], *v_args[2:],
         HKV=hkv, G=group, D=d, DV=dv, PAGE_K=k.block_size, PAGE_V=v.block_size, BLOCK_M=config.block_m, BQ=bq,
         BLOCK_N=config.block_n, BLOCK_D=_block(d), BLOCK_DV=_block(dv), HAS_WINDOW=sliding_window is not None,
-        HAS_SINKS=sinks is not None, K_FP8=k.scales is not None, V_FP8=v.scales is not None,
+        HAS_SINKS=sinks is not None, K_FP8=k.scales is not None, V_FP8=v.scales is not None, SAME_TABLE=same_table(k, v),
         DOT_F32=q.dtype == torch.float32 or q.device.type != "cuda", INTERPRET=q.device.type != "cuda", num_warps=config.num_warps, num_stages=config.num_stages)

@@ -1,5 +1,5 @@
-"""Triton helpers both GQA kernels share: read one tile of keys or values from a paged stream
-(dayzero.ops.paged) through a sequence's block-table row, and the tensor-core product.
+"""Triton helpers both GQA kernels share: find a key tile's pages through a sequence's block-table row,
+read the tile (and an FP8 stream's scales) from a paged stream, and the tensor-core product.
 
 A stream's element (token j, kv head h, dim d) lives at
     data + table[j // PAGE] * stride_page + (j % PAGE) * stride_slot + h * stride_head + d
@@ -19,20 +19,24 @@ GROUP = tl.constexpr(FP8_GROUP)
 
 
 @triton.jit
-def load_tile(data_ptr, scale_ptr, table_row, tokens, ok, head, offs_d,
-              stride_page, stride_slot, stride_head, sstride_page, sstride_slot, sstride_head, sstride_group,
-              D: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, FP8: tl.constexpr):
-    """[BLOCK_N, BLOCK_D] values of `tokens` [BLOCK_N] (int32 token numbers of the sequence whose table
-    row starts at `table_row`) for kv `head`, dims offs_d; with MASKED, tokens where `ok` is False read
-    neither the table nor the stream (they may lie in -1 pages) and give 0. FP8: dequantized, float32;
-    else the stream's dtype."""
-    EVEN_D: tl.constexpr = offs_d.shape[0] == D
+def locate(table_row, tokens, ok, PAGE: tl.constexpr, MASKED: tl.constexpr):
+    """(page int64, slot) of `tokens` [BLOCK_N] (token numbers of the sequence whose table row starts at
+    `table_row`); with MASKED, tokens where `ok` is False read no table entry (page 0)."""
     if MASKED:
         page = tl.load(table_row + tokens // PAGE, mask=ok, other=0)
     else:
         page = tl.load(table_row + tokens // PAGE)
-    page = page.to(tl.int64)
-    slot = tokens % PAGE
+    return page.to(tl.int64), tokens % PAGE
+
+
+@triton.jit
+def load_tile(data_ptr, scale_ptr, page, slot, ok, head, offs_d, stride_page, stride_slot, stride_head,
+              sstride_page, sstride_slot, sstride_head, sstride_group, D: tl.constexpr, MASKED: tl.constexpr,
+              DEQUANT: tl.constexpr):
+    """[BLOCK_N, BLOCK_D] values at (page, slot) for kv `head`, dims offs_d; with MASKED, rows where `ok`
+    is False are not read (they may lie in -1 pages) and give 0. DEQUANT (an FP8 stream): times the
+    scales, float32; else the stream's dtype."""
+    EVEN_D: tl.constexpr = offs_d.shape[0] == D
     rows = page * stride_page + slot * stride_slot + head * stride_head
     ptrs = data_ptr + rows[:, None] + offs_d[None, :]
     if MASKED:
@@ -46,15 +50,12 @@ def load_tile(data_ptr, scale_ptr, table_row, tokens, ok, head, offs_d,
     else:
         mask = (offs_d < D)[None, :]
         x = tl.load(ptrs, mask=mask, other=0.0)
-    if FP8:
-        srows = page * sstride_page + slot * sstride_slot + head * sstride_head
+    if DEQUANT:
         if D <= GROUP:  # one scale per (token, head)
-            if MASKED:
-                s = tl.load(scale_ptr + srows, mask=ok, other=0.0)
-            else:
-                s = tl.load(scale_ptr + srows)
+            s = load_row_scales(scale_ptr, page, slot, ok, head, sstride_page, sstride_slot, sstride_head, MASKED)
             x = x.to(tl.float32) * s[:, None]
         else:
+            srows = page * sstride_page + slot * sstride_slot + head * sstride_head
             sptrs = scale_ptr + srows[:, None] + (offs_d // GROUP)[None, :] * sstride_group
             if MASKED or not EVEN_D:
                 s = tl.load(sptrs, mask=mask, other=0.0)
@@ -62,6 +63,17 @@ def load_tile(data_ptr, scale_ptr, table_row, tokens, ok, head, offs_d,
                 s = tl.load(sptrs)
             x = x.to(tl.float32) * s
     return x
+
+
+@triton.jit
+def load_row_scales(scale_ptr, page, slot, ok, head, sstride_page, sstride_slot, sstride_head, MASKED: tl.constexpr):
+    """[BLOCK_N] float32 scales of an FP8 stream whose entries have one group (dim <= FP8_GROUP); 0
+    where masked."""
+    ptrs = scale_ptr + page * sstride_page + slot * sstride_slot + head * sstride_head
+    if MASKED:
+        return tl.load(ptrs, mask=ok, other=0.0)
+    else:
+        return tl.load(ptrs)
 
 
 @triton.jit
@@ -80,3 +92,11 @@ def stream_args(stream) -> tuple:
     if stream.scales is None:
         return data, data, *data.stride()[:3], 0, 0, 0, 0
     return data, stream.scales, *data.stride()[:3], *stream.scales.stride()
+
+
+def same_table(k, v) -> bool:
+    """Whether streams k and v are paged alike (one cache group: the same table, page size): the kernels
+    then look each key tile's pages up once for both."""
+    tk, tv = k.block_table, v.block_table
+    return (k.block_size == v.block_size and tk.data_ptr() == tv.data_ptr() and tk.shape == tv.shape
+            and tk.stride() == tv.stride())

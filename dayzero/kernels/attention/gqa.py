@@ -99,7 +99,8 @@ def plan_for(q: torch.Tensor, k: PagedStream, seqs: SeqBatch, sliding_window: in
         sms = sm_count(q.device)
     else:
         sms = H200_SMS
-    return choose(seqs.query_lens, seqs.seq_lens_host, q.shape[1], k.entry_shape[0], q.shape[2], sliding_window, sms)
+    return choose(seqs.query_lens, seqs.seq_lens_host, q.shape[1], k.entry_shape[0], q.shape[2], sliding_window, sms,
+                  q.dtype == torch.float32)
 
 
 def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: SeqBatch, scale: float,

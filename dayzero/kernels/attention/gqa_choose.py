@@ -52,8 +52,9 @@ def _pow2(n: int) -> int:
 
 
 def choose(query_lens: tuple[int, ...], seq_lens: tuple[int, ...], num_q_heads: int, num_kv_heads: int,
-           head_dim: int, sliding_window: int | None, sm_count: int = H200_SMS) -> Plan:
-    """How a step of these sequences (host lengths) runs; see the module docstring."""
+           head_dim: int, sliding_window: int | None, sm_count: int = H200_SMS, float32: bool = False) -> Plan:
+    """How a step of these sequences (host lengths) runs; see the module docstring. float32: q is
+    float32 (exact products: smaller prefill tiles, which hold twice the bytes and use no tensor cores)."""
     n = len(query_lens)
     decodes = 0
     while decodes < n and query_lens[decodes] == 1:
@@ -66,14 +67,16 @@ def choose(query_lens: tuple[int, ...], seq_lens: tuple[int, ...], num_q_heads: 
             keys = min(keys, sliding_window)
         programs = decodes * num_kv_heads
         splits = min(-(-DECODE_PROGRAMS_PER_SM * sm_count // programs), -(-keys // MIN_SPLIT_KEYS), MAX_SPLITS)
-        decode = DecodeConfig(splits=max(1, splits), block_n=64 if head_dim <= 128 else 32,
-                              num_stages=3 if head_dim <= 128 else 2)
+        wide = group > 32 or head_dim > 128  # 64+ query rows or 256-dim entries: 8 warps, else they spill
+        decode = DecodeConfig(splits=max(1, splits), block_n=32 if head_dim > 128 or group > 64 else 64,
+                              num_warps=8 if wide else 4, num_stages=2 if wide else 3)
     prefill = None
     if decodes < n:
         longest = max(query_lens[decodes:])
         # rows = tokens x group heads: up to 128 rows, but no more than the longest query run fills
         block_m = max(16, _pow2(group), min(128, _pow2(longest * group)))
-        big = head_dim > 64
-        prefill = PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if big and block_m >= 128 else 4,
-                                num_stages=2 if head_dim > 128 else 3)
+        if float32 or head_dim > 128:  # twice the accumulator or operand bytes: half the rows, else they spill
+            prefill = PrefillConfig(block_m=min(block_m, max(64, _pow2(group))), block_n=32, num_warps=8, num_stages=2)
+        else:  # 8 warps at 128 rows: two warpgroups of 64 rows, half the registers of 4 warps (238, no spills)
+            prefill = PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if block_m >= 128 else 4, num_stages=3)
     return Plan(decodes, decode, prefill)
