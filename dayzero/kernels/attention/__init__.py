@@ -17,7 +17,6 @@ import importlib.util
 
 import torch
 
-import dayzero.ops.attention_gqa  # noqa: F401  (defines paged_gqa_attention)
 from dayzero.ops.registry import REGISTRY
 
 PRIORITY = 10

@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.attention._paged_tile import LOG2E, load_tile, locate, mma, same_table, stream_args
+from dayzero.kernels.attention._paged_tile import (LN2_INV, LOG2E, block_dim, load_tile, locate, mma, same_table,
+                                                   stream_args)
 from dayzero.kernels.attention.gqa_choose import DecodeConfig
 
 
@@ -44,14 +45,15 @@ def _decode_step(acc, l_i, m_i, q, n0, seq_len, kvh, offs_d, offs_dv, qk_scale, 
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr, qstart_ptr, seqlen_ptr, sinks_ptr, out_ptr,
-                   part_acc_ptr, part_ml_ptr, qk_scale, window,
+def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr, qstart_ptr, seqlen_ptr, sinks_ptr,
+                   out_ptr, part_acc_ptr, part_ml_ptr, qk_scale, window,
                    stride_qn, stride_qh, stride_on, stride_oh, stride_kt, stride_vt,
                    k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
                    HQ: tl.constexpr, G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr,
-                   PAGE_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, K_FP8: tl.constexpr, V_FP8: tl.constexpr,
-                   SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+                   PAGE_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_DV: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, K_FP8: tl.constexpr,
+                   V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr, SPLIT: tl.constexpr,
+                   INTERPRET: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -85,17 +87,17 @@ def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr
     if INTERPRET:  # Triton 3.6's interpreter (numpy 2.4) cannot take loop bounds computed in the kernel
         t = t_lo
         while t < t_hi:
-            acc, l_i, m_i = _decode_step(acc, l_i, m_i, q, start + t * BLOCK_N, seq_len, kvh, offs_d, offs_dv, qk_scale,
-                                         k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
-                                         ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V,
-                                         BLOCK_N, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
+            acc, l_i, m_i = _decode_step(acc, l_i, m_i, q, start + t * BLOCK_N, seq_len, kvh, offs_d, offs_dv,
+                                         qk_scale, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh,
+                                         ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
+                                         D, DV, PAGE_K, PAGE_V, BLOCK_N, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
             t += 1
     else:
         for t in range(t_lo, t_hi):
-            acc, l_i, m_i = _decode_step(acc, l_i, m_i, q, start + t * BLOCK_N, seq_len, kvh, offs_d, offs_dv, qk_scale,
-                                         k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
-                                         ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V,
-                                         BLOCK_N, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
+            acc, l_i, m_i = _decode_step(acc, l_i, m_i, q, start + t * BLOCK_N, seq_len, kvh, offs_d, offs_dv,
+                                         qk_scale, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh,
+                                         ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg,
+                                         D, DV, PAGE_K, PAGE_V, BLOCK_N, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
 
     dv_ok = offs_dv < DV
     if SPLIT:
@@ -111,8 +113,8 @@ def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr
             l_i = l_i * alpha + tl.exp2(sink - mx)
             acc = acc * alpha[:, None]
         o = acc / l_i[:, None]
-        tl.store(out_ptr + row * stride_on + qh[:, None] * stride_oh + offs_dv[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=h_ok[:, None] & dv_ok[None, :])
+        tl.store(out_ptr + row * stride_on + qh[:, None] * stride_oh + offs_dv[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & dv_ok[None, :])
 
 
 @triton.jit
@@ -145,10 +147,6 @@ def _reduce_kernel(part_acc_ptr, part_ml_ptr, sinks_ptr, qstart_ptr, out_ptr, sp
     tl.store(out_ptr + row * stride_on + h * stride_oh + offs_dv, o.to(out_ptr.dtype.element_ty), mask=dv_ok)
 
 
-def _block(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
-
-
 def decode(q: torch.Tensor, k, v, seqs, scale: float, sliding_window: int | None, sinks: torch.Tensor | None,
            out: torch.Tensor, num_seqs: int, config: DecodeConfig) -> None:
     """out rows of sequences 0 .. num_seqs - 1 (one query each) of the step `seqs` (arguments as
@@ -161,16 +159,16 @@ def decode(q: torch.Tensor, k, v, seqs, scale: float, sliding_window: int | None
     part_acc = torch.empty((num_seqs, hq, splits, dv) if split else (1,), dtype=torch.float32, device=q.device)
     part_ml = torch.empty((num_seqs, hq, splits, 2) if split else (1,), dtype=torch.float32, device=q.device)
     k_args, v_args = stream_args(k), stream_args(v)
+    interpret = q.device.type != "cuda"
     _decode_kernel[(num_seqs, hkv, splits)](
         q, k_args[0], k_args[1], k.block_table, v_args[0], v_args[1], v.block_table, seqs.query_start, seqs.seq_lens,
-        sinks if sinks is not None else q, out, part_acc, part_ml, scale * 1.4426950408889634,
-        sliding_window or 0, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.block_table.stride(0),
-        v.block_table.stride(0),
+        sinks if sinks is not None else q, out, part_acc, part_ml, scale * LN2_INV, sliding_window or 0,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.block_table.stride(0), v.block_table.stride(0),
         *k_args[2:], *v_args[2:],
-        HQ=hq, G=group, D=d, DV=dv, PAGE_K=k.block_size, PAGE_V=v.block_size, BLOCK_H=_block(group), BLOCK_N=config.block_n,
-        BLOCK_D=_block(d), BLOCK_DV=_block(dv), HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None,
-        K_FP8=k.scales is not None, V_FP8=v.scales is not None, SAME_TABLE=same_table(k, v), DOT_F32=q.dtype == torch.float32 or q.device.type != "cuda", SPLIT=split,
-        INTERPRET=q.device.type != "cuda",
+        HQ=hq, G=group, D=d, DV=dv, PAGE_K=k.block_size, PAGE_V=v.block_size, BLOCK_H=block_dim(group),
+        BLOCK_N=config.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv), HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None, K_FP8=k.scales is not None, V_FP8=v.scales is not None,
+        SAME_TABLE=same_table(k, v), DOT_F32=q.dtype == torch.float32 or interpret, SPLIT=split, INTERPRET=interpret,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if split:
         _reduce_kernel[(num_seqs, hq)](

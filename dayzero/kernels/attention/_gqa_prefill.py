@@ -21,7 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.attention._paged_tile import LOG2E, load_tile, locate, mma, same_table, stream_args
+from dayzero.kernels.attention._paged_tile import (LN2_INV, LOG2E, block_dim, load_tile, locate, mma, same_table,
+                                                   stream_args)
 from dayzero.kernels.attention.gqa_choose import PrefillConfig
 
 
@@ -62,25 +63,25 @@ def _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, w
 
 @triton.jit
 def _attend_range(acc, l_i, m_i, q, n_lo, n_hi, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window, k_ptr, ks_ptr,
-                  k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp,
-                  vs_ss, vs_sh, vs_sg, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr, PAGE_V: tl.constexpr,
-                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, K_FP8: tl.constexpr,
+                  k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh,
+                  vs_sp, vs_ss, vs_sh, vs_sg, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr,
+                  PAGE_V: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, K_FP8: tl.constexpr,
                   V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr):
     """The key tiles n_lo, n_lo + BLOCK_N, ... below n_hi (n_lo a multiple of BLOCK_N) through `_attend`."""
     if INTERPRET:  # Triton 3.6's interpreter (numpy 2.4) cannot take loop bounds computed in the kernel
         n0 = n_lo
         while n0 < n_hi:
-            acc, l_i, m_i = _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window, k_ptr,
-                                    ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
-                                    v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N, MASKED,
-                                    HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window,
+                                    k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
+                                    ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V,
+                                    BLOCK_N, MASKED, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
             n0 += BLOCK_N
     else:
         for n0 in range(n_lo, n_hi, BLOCK_N):
-            acc, l_i, m_i = _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window, k_ptr,
-                                    ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg,
-                                    v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N, MASKED,
-                                    HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
+            acc, l_i, m_i = _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window,
+                                    k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
+                                    ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V,
+                                    BLOCK_N, MASKED, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32)
     return acc, l_i, m_i
 
 
@@ -149,18 +150,21 @@ def _prefill_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_pt
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, a, bnd, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,  # cut by the window
-                                  window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
-                                  ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N,
-                                  True, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
-    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, bnd, c, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,  # seen whole by every row
-                                  window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
-                                  ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N,
-                                  False, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
-    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, c, key_hi, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,  # the causal edge
-                                  window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss,
-                                  ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K, PAGE_V, BLOCK_N,
-                                  True, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
+    # tiles the window cuts
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, a, bnd, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,
+                                  window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp,
+                                  ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K,
+                                  PAGE_V, BLOCK_N, True, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
+    # tiles every row sees whole
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, bnd, c, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,
+                                  window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp,
+                                  ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K,
+                                  PAGE_V, BLOCK_N, False, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
+    # the causal edge
+    acc, l_i, m_i = _attend_range(acc, l_i, m_i, q, c, key_hi, pos, key_lo, key_hi, kvh, offs_d, offs_dv, qk_scale,
+                                  window, k_ptr, ks_ptr, k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp,
+                                  ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh, vs_sp, vs_ss, vs_sh, vs_sg, D, DV, PAGE_K,
+                                  PAGE_V, BLOCK_N, True, HAS_WINDOW, K_FP8, V_FP8, SAME_TABLE, DOT_F32, INTERPRET)
 
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + qh).to(tl.float32) * LOG2E
@@ -171,10 +175,6 @@ def _prefill_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_pt
     o = acc / l_i[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_on + qh[:, None] * stride_oh + offs_dv[None, :],
              o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (offs_dv < DV)[None, :])
-
-
-def _block(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))
 
 
 def prefill(q: torch.Tensor, k, v, seqs, scale: float, sliding_window: int | None, sinks: torch.Tensor | None,
@@ -190,12 +190,14 @@ def prefill(q: torch.Tensor, k, v, seqs, scale: float, sliding_window: int | Non
     q_base = seqs.query_start_host[first_seq]
     tiles = (seqs.num_tokens - q_base) // bq + seqs.num_seqs - first_seq
     k_args, v_args = stream_args(k), stream_args(v)
+    interpret = q.device.type != "cuda"
     _prefill_kernel[(tiles * hkv,)](
         q, k_args[0], k_args[1], k.block_table, v_args[0], v_args[1], v.block_table, seqs.query_start, seqs.seq_lens,
-        sinks if sinks is not None else q, out, scale * 1.4426950408889634, sliding_window or 0, first_seq,
-        seqs.num_seqs, q_base, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.block_table.stride(0),
-        v.block_table.stride(0), *k_args[2:], *v_args[2:],
+        sinks if sinks is not None else q, out, scale * LN2_INV, sliding_window or 0, first_seq, seqs.num_seqs, q_base,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k.block_table.stride(0), v.block_table.stride(0),
+        *k_args[2:], *v_args[2:],
         HKV=hkv, G=group, D=d, DV=dv, PAGE_K=k.block_size, PAGE_V=v.block_size, BLOCK_M=config.block_m, BQ=bq,
-        BLOCK_N=config.block_n, BLOCK_D=_block(d), BLOCK_DV=_block(dv), HAS_WINDOW=sliding_window is not None,
-        HAS_SINKS=sinks is not None, K_FP8=k.scales is not None, V_FP8=v.scales is not None, SAME_TABLE=same_table(k, v),
-        DOT_F32=q.dtype == torch.float32 or q.device.type != "cuda", INTERPRET=q.device.type != "cuda", num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_N=config.block_n, BLOCK_D=block_dim(d), BLOCK_DV=block_dim(dv), HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None, K_FP8=k.scales is not None, V_FP8=v.scales is not None,
+        SAME_TABLE=same_table(k, v), DOT_F32=q.dtype == torch.float32 or interpret, INTERPRET=interpret,
+        num_warps=config.num_warps, num_stages=config.num_stages)

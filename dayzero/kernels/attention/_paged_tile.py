@@ -14,7 +14,8 @@ import triton.language as tl
 
 from dayzero.ops.paged import FP8_GROUP
 
-LOG2E = tl.constexpr(1.4426950408889634)  # softmax in base 2: exp(x) = exp2(x * LOG2E)
+LN2_INV = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * LOG2E)
+LOG2E = tl.constexpr(LN2_INV)
 GROUP = tl.constexpr(FP8_GROUP)
 
 
@@ -83,6 +84,11 @@ def mma(a, b, F32: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+def block_dim(n: int) -> int:
+    """A tile side holding n: a power of two, at least 16 (the tensor cores' smallest)."""
+    return max(16, triton.next_power_of_2(n))
 
 
 def stream_args(stream) -> tuple:

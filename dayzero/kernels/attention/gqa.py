@@ -25,9 +25,11 @@ def _check_stream(name: str, s: PagedStream, q: torch.Tensor, num_seqs: int, max
     if s.data.device != q.device:
         raise ValueError(f"paged_gqa_attention: {name}.data is on {s.data.device}, q on {q.device}")
     if s.data.stride(3) != 1:
-        raise ValueError(f"paged_gqa_attention: {name}.data must be contiguous in its last dim, strides {s.data.stride()}")
+        raise ValueError(f"paged_gqa_attention: {name}.data must be contiguous in its last dim, "
+                         f"strides {s.data.stride()}")
     if s.per_block != s.block_size:
-        raise ValueError(f"paged_gqa_attention: {name}.data holds {s.per_block} entries a page, block_size is {s.block_size}")
+        raise ValueError(f"paged_gqa_attention: {name}.data holds {s.per_block} entries a page, "
+                         f"block_size is {s.block_size}")
     if s.scales is None:
         if s.data.dtype != q.dtype:
             raise ValueError(f"paged_gqa_attention: {name}.data is {s.data.dtype}; it must be q's dtype {q.dtype} "
@@ -57,7 +59,8 @@ def check(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: SeqBatch, scale
     if q.shape[0] != seqs.num_tokens or q.stride(2) != 1:
         raise ValueError(f"paged_gqa_attention: q {tuple(q.shape)} (strides {q.stride()}) must have "
                          f"num_tokens={seqs.num_tokens} rows and a contiguous last dim")
-    for name, t, n in (("query_start", seqs.query_start, seqs.num_seqs + 1), ("seq_lens", seqs.seq_lens, seqs.num_seqs)):
+    for name, t, n in (("query_start", seqs.query_start, seqs.num_seqs + 1),
+                       ("seq_lens", seqs.seq_lens, seqs.num_seqs)):
         if t.dtype != torch.int32 or tuple(t.shape) != (n,) or t.device != q.device:
             raise ValueError(f"paged_gqa_attention: seqs.{name} must be int32 [{n}] on {q.device}, "
                              f"got {t.dtype} {tuple(t.shape)} on {t.device}")
