@@ -65,8 +65,9 @@ def _attend(acc, l_i, m_i, q, n0, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, w
 def _attend_range(acc, l_i, m_i, q, n_lo, n_hi, pos, lo, hi, kvh, offs_d, offs_dv, qk_scale, window, k_ptr, ks_ptr,
                   k_table, v_ptr, vs_ptr, v_table, k_sp, k_ss, k_sh, ks_sp, ks_ss, ks_sh, ks_sg, v_sp, v_ss, v_sh,
                   vs_sp, vs_ss, vs_sh, vs_sg, D: tl.constexpr, DV: tl.constexpr, PAGE_K: tl.constexpr,
-                  PAGE_V: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr, K_FP8: tl.constexpr,
-                  V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr, INTERPRET: tl.constexpr):
+                  PAGE_V: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  K_FP8: tl.constexpr, V_FP8: tl.constexpr, SAME_TABLE: tl.constexpr, DOT_F32: tl.constexpr,
+                  INTERPRET: tl.constexpr):
     """The key tiles n_lo, n_lo + BLOCK_N, ... below n_hi (n_lo a multiple of BLOCK_N) through `_attend`."""
     if INTERPRET:  # Triton 3.6's interpreter (numpy 2.4) cannot take loop bounds computed in the kernel
         n0 = n_lo
