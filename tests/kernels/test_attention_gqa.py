@@ -178,12 +178,12 @@ def test_choose_rule():
     assert mixed.decode_seqs == 2 and mixed.prefill is not None
 
 
-@interpreter
 def test_checks_name_the_argument():
     from dayzero.kernels.attention.gqa import supports
 
     q, k, v, seqs, scale, window, sinks = _step(1, [1, 3], [4, 3], 2, 2, 16, 16, block=4)
     assert not supports(q, k, v, seqs, scale, window, sinks)  # CPU tensors: the reference runs
+    assert REGISTRY.get("paged_gqa_attention").select("cpu", (q, k, v, seqs, scale)).backend == "reference"
     bad = [
         ((q[:-1], k, v, seqs, scale), "num_tokens"),
         ((q, replace(k, block_table=k.block_table.long()), v, seqs, scale), "k.block_table"),
