@@ -77,7 +77,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     model_dir = _model_dir(args.model)
     result = verify_checkpoint(model_dir, prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
-                               dtype=args.dtype, device=args.device, tolerance=args.tolerance)
+                               dtype=args.dtype, device=args.device, tolerance=args.tolerance,
+                               reference_ties=args.reference_ties)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
     if not result.passed:
         print(f"dayzero verify: {result.first_divergence['message']}", file=sys.stderr)
@@ -140,8 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="compare dayzero's logits and greedy tokens with transformers on a checkpoint",
         description="Load the checkpoint in dayzero and in transformers, prefill the same random prompt and "
-        "decode greedily; report the max relative logits error of the prefill and of every decode step and "
-        "whether greedy tokens agree. Exits 1 at the first divergence. Without MODEL, the demo checkpoint.",
+        "decode greedily; run transformers on the same tokens with its cached generate and with one full "
+        "forward without a cache, report where those two disagree (the reference is inconsistent), and judge "
+        "dayzero against the full forward: the max relative logits error of the prefill and of every decode "
+        "step (against both) and whether greedy tokens agree. Exits 1 at the first divergence. Without MODEL, "
+        "the demo checkpoint.",
     )
     p.add_argument("model", nargs="?", metavar="MODEL", help="checkpoint directory")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -152,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="device for both models (default cpu)")
     p.add_argument("--tolerance", type=float, default=None,
                    help="max relative logits error allowed (default 1e-4 for float32, 5e-2 for bfloat16)")
+    p.add_argument("--reference-ties", choices=["index", "torch"], default="index",
+                   help="how transformers' DSA top-k (DeepSeek-V3.2) breaks exact score ties: index = equal scores "
+                   "by ascending key index, dayzero's rule (default); torch = torch.topk's order, transformers as "
+                   "installed, whose cached and full-forward paths then disagree where scores tie")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(

@@ -18,20 +18,24 @@ MLP kinds: dense | moe | hash_moe (DeepSeek-V4's first layers route by token id)
 
 Layer-type lists follow transformers' config classes exactly (DeepSeek-V4 `layer_types` /
 `compress_ratios` / default interleave, Kimi Linear's 1-based `linear_attn_config` lists), and
-tests compare against them. A value the engine cannot handle raises `UnsupportedModelError`.
+tests compare against them. A field missing from the config takes the default transformers' config
+class gives it (DEFAULTS, `resolve_config`); the parsed spec is then checked by
+dayzero.validation.check_supported, the one check inspect and the model loader share: a value the
+engine cannot handle raises `UnsupportedModelError`.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from dayzero.validation import UnsupportedModelError, check_supported
+
 ATTENTION_KINDS = ("mla", "dsa", "swa", "csa", "hca", "gqa", "kda")
 MLP_KINDS = ("dense", "moe", "hash_moe")
-ROUTING_FUNCTIONS = ("softmax", "sigmoid", "sqrtsoftplus")
-TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors")
 COMPRESSED_TENSORS_FORMATS = {"mxfp4-pack-quantized": "mxfp4", "pack-quantized": "int4"}
 MODELOPT_ALGOS = {"FP8": "fp8", "MXFP4": "mxfp4"}
@@ -49,25 +53,109 @@ SUPPORTED_MODEL_TYPES = (
     "kimi_k3",
 )
 
+# -- defaults: what a field missing from config.json means -----------------------------------
+# transformers 5.24's config classes (DeepseekV3Config, DeepseekV32Config, DeepseekV4Config,
+# GptOssConfig, KimiLinearConfig), and for fields those classes do not have, what transformers'
+# modeling code always does (DeepSeek-V3 routes by sigmoid + noaux_tc; Kimi Linear's MLA never
+# rotates and routes by sigmoid). Only constants: defaults derived from other fields (layer type
+# lists, num_key_value_heads = num_attention_heads when null, gpt-oss head_dim = hidden / heads when
+# null, DeepSeek-V4 qk_rope_head_dim from partial_rotary_factor) are derived where they are parsed.
+# Keys are the names transformers writes; ALIASES lists the other names its config classes accept.
+_DEEPSEEK_V3_DEFAULTS = dict(
+    vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_hidden_layers=61,
+    num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1, n_routed_experts=256,
+    routed_scaling_factor=2.5, kv_lora_rank=512, q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+    qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3,
+    norm_topk_prob=True, hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6,
+    tie_word_embeddings=False, attention_bias=False, rope_interleave=True,
+    rope_parameters={"rope_type": "default"},  # rope_theta: the top-level field, else 10000 (DEEPSEEK_ROPE_THETA)
+    # the MTP layer: transformers' config says 1 and its model skips `model.layers.61.*`
+    num_nextn_predict_layers=1,
+    scoring_func="sigmoid", topk_method="noaux_tc", moe_layer_freq=1,
+)
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "deepseek_v3": _DEEPSEEK_V3_DEFAULTS,
+    "deepseek_v32": {**_DEEPSEEK_V3_DEFAULTS, "max_position_embeddings": 163840, "index_n_heads": 64,
+                     "index_head_dim": 128, "index_topk": 2048},
+    "deepseek_v4": dict(
+        vocab_size=129280, hidden_size=4096, moe_intermediate_size=2048, num_hidden_layers=43, num_attention_heads=64,
+        num_key_value_heads=1, head_dim=512, q_lora_rank=1024, num_experts_per_tok=6, n_routed_experts=256,
+        n_shared_experts=1, scoring_func="sqrtsoftplus", norm_topk_prob=True, routed_scaling_factor=1.5,
+        max_position_embeddings=1048576, rope_theta=10000.0, compress_rope_theta=160000.0, hc_mult=4,
+        hc_sinkhorn_iters=20, hc_eps=1e-6, swiglu_limit=10.0, sliding_window=128, o_groups=8, o_lora_rank=1024,
+        index_n_heads=64, index_head_dim=128, index_topk=512, num_nextn_predict_layers=1, hidden_act="silu",
+        rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        # nested as transformers nests it; thetas come from rope_theta / compress_rope_theta
+        rope_parameters={"main": {"rope_type": "default"}, "compress": {"rope_type": "default"}},
+    ),
+    "gpt_oss": dict(
+        num_hidden_layers=36, num_local_experts=128, vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+        head_dim=64, num_attention_heads=64, num_key_value_heads=8, sliding_window=128, tie_word_embeddings=False,
+        hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5, num_experts_per_tok=4,
+        swiglu_alpha=1.702, swiglu_limit=7.0, attention_bias=True,
+        # rope_theta: the top-level field, else GptOssConfig's 150000 (GPT_OSS_ROPE_THETA)
+        rope_parameters={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                         "original_max_position_embeddings": 4096},
+    ),
+    "kimi_linear": dict(
+        vocab_size=163840, hidden_size=2304, intermediate_size=9216, moe_intermediate_size=1024, num_hidden_layers=27,
+        num_attention_heads=32, num_key_value_heads=32, num_shared_experts=1, routed_scaling_factor=2.446,
+        kv_lora_rank=512, q_lora_rank=None, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128,
+        num_expert_group=1, topk_group=1, num_experts_per_token=8, moe_renormalize=True, hidden_act="silu",
+        model_max_length=1048576, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=False, num_experts=256,
+        linear_head_dim=128, linear_num_heads=32, linear_conv_kernel_dim=4, first_k_dense_replace=1,
+        mla_use_nope=True, moe_router_activation_func="sigmoid", moe_layer_freq=1,
+    ),
+}
+DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
+# `rope_scaling` is the Hub's older name of `rope_parameters`.
+ALIASES: dict[str, dict[str, str]] = {  # family -> {other accepted name: name in DEFAULTS}
+    "deepseek_v3": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers",
+                    "rope_scaling": "rope_parameters"},
+    "deepseek_v32": {"num_local_experts": "n_routed_experts", "num_experts": "n_routed_experts",
+                     "num_mtp_layers": "num_nextn_predict_layers", "rope_scaling": "rope_parameters"},
+    "deepseek_v4": {"num_local_experts": "n_routed_experts", "intermediate_size": "moe_intermediate_size",
+                    "rope_scaling": "rope_parameters"},
+    "gpt_oss": {"num_experts": "num_local_experts", "rope_scaling": "rope_parameters"},
+    "kimi_linear": {"max_position_embeddings": "model_max_length", "norm_topk_prob": "moe_renormalize",
+                    "n_group": "num_expert_group", "num_local_experts": "num_experts",
+                    "num_experts_per_tok": "num_experts_per_token", "n_shared_experts": "num_shared_experts"},
+}
+ALIASES["kimi_k2"] = ALIASES["deepseek_v3"]
+GPT_OSS_ROPE_THETA = 150000.0  # GptOssConfig.default_theta
+DEEPSEEK_ROPE_THETA = 10000.0  # DeepseekV3Config / DeepseekV32Config / DeepseekV4Config default_theta
+WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",)}  # first: the default
+
+
+def with_defaults(cfg: Mapping[str, Any], model_type: str) -> dict:
+    """A text model's config with every missing field set as DEFAULTS says (an explicit null is
+    kept: it is a value); a field given under an alias is copied to its DEFAULTS name."""
+    out = dict(cfg)
+    names = ALIASES.get(model_type, {})
+    for alias, name in names.items():
+        if out.get(alias) is not None and out.get(name) is None:
+            out[name] = out[alias]
+    for name, value in DEFAULTS.get(model_type, {}).items():
+        if name not in out:
+            out[name] = copy.deepcopy(value)
+    return out
+
+
+def resolve_config(cfg: Mapping[str, Any]) -> dict:
+    """config.json as the model files read it: defaults filled in for the text model (a wrapper's
+    `text_config`, whose model_type defaults to the wrapper's usual text type)."""
+    model_type = cfg.get("model_type")
+    if model_type in WRAPPER_TEXT_TYPES:
+        text = dict(cfg.get("text_config") or {})
+        text_type = text.get("model_type", WRAPPER_TEXT_TYPES[model_type][0])
+        return {**cfg, "text_config": with_defaults(text, text_type)}
+    return with_defaults(cfg, model_type)
+
+
 # transformers' DeepSeek-V4 mapping from legacy per-layer `compress_ratios` to layer types.
 _V4_RATIO_TO_LAYER_TYPE = {0: "sliding_attention", 4: "compressed_sparse_attention", 128: "heavily_compressed_attention"}
 _V4_LAYER_KIND = {"sliding_attention": "swa", "compressed_sparse_attention": "csa", "heavily_compressed_attention": "hca"}
 _V4_DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
-
-
-class UnsupportedModelError(ValueError):
-    """A config value the engine cannot run: names the field, the value, and what is supported."""
-
-    def __init__(self, field_name: str, value: Any, supported: tuple | list | None = None, where: str = ""):
-        self.field = field_name
-        self.value = value
-        self.supported = tuple(supported) if supported is not None else ()
-        msg = f"unsupported value {value!r} for config field '{field_name}'"
-        if where:
-            msg += f" in {where}"
-        if self.supported:
-            msg += "; supported: " + ", ".join(str(s) for s in self.supported)
-        super().__init__(msg)
 
 
 @dataclass(frozen=True)
@@ -355,7 +443,7 @@ def _get(cfg: Mapping, *names: str, default: Any = None) -> Any:
 
 def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -> ModelSpec:
     text_cfg = dict(cfg.get("text_config") or {})
-    expected = DEEPSEEK_V3_TYPES if model_type == "kimi_k25" else ("kimi_linear",)
+    expected = WRAPPER_TEXT_TYPES[model_type]
     text_type = text_cfg.get("model_type", expected[0])
     if text_type not in expected:
         raise UnsupportedModelError("text_config.model_type", text_type, expected, source)
@@ -369,14 +457,19 @@ def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -
 
 
 def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -> ModelSpec:
+    """The text model's spec, checked against what dayzero runs (dayzero.validation)."""
+    cfg = with_defaults(cfg, model_type)
     quant = _parse_quant(quant_cfg, cfg, model_type, source)
     if model_type in DEEPSEEK_V3_TYPES or model_type == "deepseek_v32":
-        return _load_deepseek_v3(cfg, model_type, quant, source)
-    if model_type == "deepseek_v4":
-        return _load_deepseek_v4(cfg, quant, source)
-    if model_type == "gpt_oss":
-        return _load_gpt_oss(cfg, quant, source)
-    return _load_kimi_linear(cfg, quant, source)
+        spec = _load_deepseek_v3(cfg, model_type, quant, source)
+    elif model_type == "deepseek_v4":
+        spec = _load_deepseek_v4(cfg, quant, source)
+    elif model_type == "gpt_oss":
+        spec = _load_gpt_oss(cfg, quant, source)
+    else:
+        spec = _load_kimi_linear(cfg, quant, source)
+    check_supported(spec, cfg)
+    return spec
 
 
 # -- weight formats ----------------------------------------------------------------------------
@@ -454,12 +547,12 @@ def _activation(cfg: dict, source: str, *, field_name: str = "hidden_act") -> Ac
     raise UnsupportedModelError(field_name, act, ("silu", "situ"), source)
 
 
-def _context(cfg: dict, *, default_max: int) -> ContextSpec:
+def _context(cfg: dict, *, default_max: int, default_theta: float | None = None) -> ContextSpec:
     max_pos = int(_get(cfg, "max_position_embeddings", "model_max_length", default=default_max))
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if isinstance(rope.get("compress"), dict):  # DeepSeek-V4 nests {main, compress}; yarn lives in compress
         rope = rope["compress"]
-    theta = _get(cfg, "rope_theta", default=rope.get("rope_theta"))
+    theta = _get(cfg, "rope_theta", default=rope.get("rope_theta", default_theta))
     rope_type = rope.get("rope_type", rope.get("type"))
     return ContextSpec(
         max_position_embeddings=max_pos,
@@ -529,32 +622,27 @@ def _load_deepseek_v3(cfg: dict, model_type: str, quant: QuantSpec, source: str)
         index = dict(index_n_heads=int(cfg.get("index_n_heads", 64)), index_head_dim=int(cfg.get("index_head_dim", 128)),
                      index_topk=int(cfg.get("index_topk", 2048)))
         attention = _mla(cfg, kind="dsa", index=index)
-        first_dense = int(cfg.get("first_k_dense_replace", 3))
+        first_dense = int(cfg["first_k_dense_replace"])
         mlp_types = cfg.get("mlp_layer_types") or (["dense"] * min(first_dense, n) + ["sparse"] * max(n - first_dense, 0))
     else:
         attention = _mla(cfg)
-        first_dense = int(cfg.get("first_k_dense_replace") or 0) if "first_k_dense_replace" in cfg else 3
-        has_experts = cfg.get("n_routed_experts", 256) is not None
+        first_dense = int(cfg["first_k_dense_replace"] or 0)
+        has_experts = cfg["n_routed_experts"] is not None
         mlp_types = ["sparse" if has_experts and i >= first_dense else "dense" for i in range(n)]
     _check_mlp_types(mlp_types, ("dense", "sparse"), n, source)
 
-    scoring = cfg.get("scoring_func", "sigmoid")
-    if scoring not in ("softmax", "sigmoid"):
-        raise UnsupportedModelError("scoring_func", scoring, ("softmax", "sigmoid"), source)
-    topk_method = cfg.get("topk_method", "noaux_tc")
-    if topk_method not in TOPK_METHODS:
-        raise UnsupportedModelError("topk_method", topk_method, TOPK_METHODS, source)
+    # scoring_func / topk_method are release fields transformers does not read (it always routes
+    # sigmoid + noaux_tc); dayzero.validation refuses other values
+    scoring, topk_method = cfg["scoring_func"], cfg["topk_method"]
     activation = _activation(cfg, source)
     experts = None
     if "sparse" in mlp_types:
-        top_k = int(cfg.get("num_experts_per_tok", 8))
+        top_k = int(cfg["num_experts_per_tok"])
         routing = _routing_grouped(cfg, scoring, top_k, group_names=("n_group",), correction_bias=topk_method == "noaux_tc",
                                    normalize_names=("norm_topk_prob",), default_scale=2.5)
-        if topk_method == "greedy":
-            routing = RoutingSpec(**{**routing.to_dict(), "n_group": 1, "topk_group": 1})
-        inter = int(cfg.get("moe_intermediate_size", 2048))
-        n_shared = int(cfg.get("n_shared_experts") or 0)
-        experts = ExpertsSpec(num=int(cfg.get("n_routed_experts", 256)), top_k=top_k, intermediate_size=inter, input_dim=hidden,
+        inter = int(cfg["moe_intermediate_size"])
+        n_shared = int(cfg["n_shared_experts"] or 0)
+        experts = ExpertsSpec(num=int(cfg["n_routed_experts"]), top_k=top_k, intermediate_size=inter, input_dim=hidden,
                               num_shared=n_shared, shared_intermediate_size=inter * n_shared, routing=routing,
                               format=quant.expert_format)
     dense_inter = int(cfg.get("intermediate_size", 18432))
@@ -572,7 +660,7 @@ def _load_deepseek_v3(cfg: dict, model_type: str, quant: QuantSpec, source: str)
         quant=quant,
         cross_layer=CrossLayerSpec(),
         vision=None,
-        context=_context(cfg, default_max=163840 if is_v32 else 4096),
+        context=_context(cfg, default_max=163840 if is_v32 else 4096, default_theta=DEEPSEEK_ROPE_THETA),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         mtp_layers=int(_get(cfg, "num_nextn_predict_layers", "num_mtp_layers", default=0) or 0),
         source=source,
@@ -631,13 +719,13 @@ def _load_deepseek_v4(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
         mlp_types = ["hash_moe"] * min(n, n_hash) + ["moe"] * max(0, n - n_hash)
     _check_mlp_types(list(mlp_types), ("hash_moe", "moe"), n, source)
 
-    scoring = cfg.get("scoring_func", "sqrtsoftplus")
-    if scoring not in ROUTING_FUNCTIONS:
-        raise UnsupportedModelError("scoring_func", scoring, ROUTING_FUNCTIONS, source)
+    scoring = cfg["scoring_func"]
     head_dim = int(cfg.get("head_dim", 512))
-    rope_dim = cfg.get("qk_rope_head_dim")
-    if rope_dim is None:
-        rope_dim = int(head_dim * (cfg.get("partial_rotary_factor") or 64 / 512))
+    factor = cfg.get("partial_rotary_factor")  # transformers: the factor first, legacy qk_rope_head_dim second
+    if factor is None:
+        legacy = cfg.get("qk_rope_head_dim")
+        factor = legacy / head_dim if legacy is not None else 64 / 512
+    rope_dim = int(head_dim * factor)
     heads = int(cfg.get("num_attention_heads", 64))
     top_k = int(cfg.get("num_experts_per_tok", 6))
     inter = int(cfg.get("moe_intermediate_size", 2048))
@@ -727,7 +815,7 @@ def _load_gpt_oss(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
         quant=quant,
         cross_layer=CrossLayerSpec(),
         vision=None,
-        context=_context(cfg, default_max=131072),
+        context=_context(cfg, default_max=131072, default_theta=GPT_OSS_ROPE_THETA),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         source=source,
     )
@@ -769,9 +857,7 @@ def _load_kimi_linear(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
         output_gate="full_rank" if lac.get("use_full_rank_gate") else "low_rank",
         gate_lower_bound=lac.get("gate_lower_bound"),
     )
-    router_fn = cfg.get("moe_router_activation_func", "sigmoid")
-    if router_fn not in ROUTING_FUNCTIONS:
-        raise UnsupportedModelError("moe_router_activation_func", router_fn, ROUTING_FUNCTIONS, source)
+    router_fn = cfg["moe_router_activation_func"]
     activation = _activation(cfg, source)
     experts = None
     if "sparse" in mlp_types:
@@ -849,5 +935,5 @@ def _parse_vision(v: dict, model_type: str, cfg: dict, text_hidden: int) -> Visi
                  int(_get(v, "init_pos_emb_width", "pos_emb_width", default=64))),
         norm="layer_norm",
         bias=True,
-        projector_hidden_size=int(_get(cfg, "projection_hidden_size", default=hidden) or hidden),
+        projector_hidden_size=int(_get(cfg, "projection_hidden_size", default=1152) or hidden),  # Kimi_K25Config's default
     )

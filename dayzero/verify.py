@@ -1,12 +1,28 @@
-"""`dayzero verify`: the day-0 acceptance check of a checkpoint against transformers.
+"""`dayzero verify`: the day-0 acceptance check of a checkpoint against transformers, whose two
+paths are checked against each other too.
 
-Both sides load the same checkpoint. dayzero prefills a random prompt and then decodes greedily
-with its cache; transformers (the oracle) runs one full forward over the prompt and then, at every
-decode step, a full forward over the prompt plus dayzero's tokens so far (no cache on the oracle's
-side: it is the definition of the model, not an implementation of decoding). Each step compares
-the logits (relative error = max |ours - theirs| / max |theirs| over that step's logits; the
-prefill step covers every prompt position) and the greedy token. The first step whose error passes
-the tolerance, or whose token differs, is the first divergence.
+Both sides load the same checkpoint. dayzero prefills a random prompt and decodes greedily with its
+cache. transformers runs the same tokens (the prompt, then dayzero's greedy tokens) two ways:
+    cached  its `generate` with its cache, every step's token forced to dayzero's, the raw logits
+            of every step kept (output_logits);
+    full    one forward over the final sequence without a cache: the model is causal, so the
+            logits at position p (which depend on tokens <= p only) are the logits of the step that
+            predicts token p + 1.
+The two compute the same model and must agree; where they differ beyond the tolerance, the report
+says "the reference is inconsistent at step k". dayzero is judged against the full forward (the
+oracle: no cache, no decoding code, the definition evaluated directly), and the report names it.
+Each step's error is max |ours - theirs| / max |theirs| over that step's logits (the prefill step:
+every prompt position against the full forward, the last one against the cached path); the first
+step whose error passes the tolerance, or whose greedy token differs from the oracle's, is the
+first divergence.
+
+Top-k ties (DeepSeek-V3.2). The lightning indexer's scores tie exactly where ReLU zeros every head
+(common with few indexer heads), and `torch.topk`'s pick among tied scores depends on the row length
+it is given, so transformers' full forward (rows padded by the causal mask to the whole sequence)
+and its cached decode (rows of exactly the visible keys) select different keys and their logits
+differ by tens of percent. The definition leaves ties open; dayzero ranks them by key index
+(dayzero.ops.dsa). By default the reference's DSA top-k gets the same rule (`ties="index"`), which
+makes its two paths agree; `ties="torch"` runs transformers as installed.
 """
 
 from __future__ import annotations
@@ -17,6 +33,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
+
+from dayzero.ops.dsa import ranked_topk
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Default tolerance on the max relative logits error, per dtype: float32 is held to the issue's
@@ -24,12 +43,24 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DEFAULT_TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2}
 
 
+ORACLE = "transformers full forward (no cache)"
+# How the reference's DSA top-k breaks exact score ties: "index" = dayzero's rule (equal scores by
+# ascending key index, dayzero.ops.dsa.ranked_topk), "torch" = transformers as installed.
+REFERENCE_TIES = ("index", "torch")
+# Per model_type, the transformers modules whose torch.topk selects DSA keys (where the rule applies)
+DSA_TOPK_MODULES = {"deepseek_v32": ("DeepseekV32Indexer",)}
+
+
 @dataclass
 class StepResult:
     step: int  # 0 = prefill, k = k-th decode step
-    rel_err: float
+    rel_err: float  # against the oracle (the full forward): rel_err_vs_full
     token: int  # dayzero's greedy token after this step
-    reference_token: int  # transformers' greedy token after this step
+    reference_token: int  # the oracle's greedy token after this step
+    rel_err_vs_full: float
+    rel_err_vs_cached: float  # against transformers' cached generate (prefill: the last prompt position)
+    reference_rel_err: float  # transformers' cached generate against its full forward
+    cached_token: int  # transformers' cached generate's greedy token after this step
 
 
 @dataclass
@@ -39,14 +70,18 @@ class VerifyResult:
     tolerance: float
     prompt_ids: list[int]
     greedy_tokens: list[int]  # dayzero's greedy continuation: decode_steps + 1 tokens
-    reference_tokens: list[int]  # transformers' argmax at the same positions (teacher-forced on ours)
+    reference_tokens: list[int]  # the oracle's argmax at the same positions (teacher-forced on ours)
     decode_steps: int
+    oracle: str  # what rel_err, reference_tokens and the verdict are against
+    reference_ties: str  # the DSA top-k tie rule the reference ran with (REFERENCE_TIES)
     prefill_rel_err: float
     decode_rel_err: list[float]
     max_rel_err: float
     tokens_match: bool
     passed: bool
     first_divergence: dict | None
+    reference_consistent: bool  # transformers' cached generate agrees with its full forward at every step
+    reference_inconsistency: dict | None  # the first step where they do not
     steps: list[StepResult] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
 
@@ -70,8 +105,10 @@ def load_dayzero(path: str | Path, dtype: torch.dtype, device: str):
 REFERENCE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
-def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize: bool | None = None):
-    """transformers' model of the checkpoint. FP8 block-quantized checkpoints in the Hugging Face
+def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize: bool | None = None,
+                   ties: str = "index"):
+    """transformers' model of the checkpoint, its DSA top-k ties broken by `ties` (REFERENCE_TIES,
+    `rank_reference_ties`). FP8 block-quantized checkpoints in the Hugging Face
     layout (DeepSeek-V3 / V3.2 / Kimi-K2) are handed to transformers as weights dequantized by dayzero.formats.fp8 (tested
     against torch's float8 dtypes) when `dequantize` is True, or by default when transformers' own
     loader cannot be trusted with them: on a GPU it needs the `kernels` package from the Hub, and on
@@ -79,6 +116,8 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
     multiple of the block (a real kv_a_proj_with_mqa has 576 rows)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if ties not in REFERENCE_TIES:
+        raise ValueError(f"--reference-ties {ties!r} is not supported; choose one of {', '.join(REFERENCE_TIES)}")
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     config.pop("auto_map", None)
@@ -101,7 +140,50 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
         model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if ties == "index":
+        rank_reference_ties(model, model_type)
     return model.to(device).eval()
+
+
+class _RankedTopk(TorchFunctionMode):
+    """torch.topk / Tensor.topk computed as dayzero.ops.dsa.ranked_topk: equal values by ascending
+    index, whatever the row length."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.topk or func is torch.Tensor.topk:
+            return _ranked_topk_call(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _ranked_topk_call(input: torch.Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    if not largest:
+        raise NotImplementedError("the reference's DSA tie rule covers topk(largest=True) only")
+    values, indices = ranked_topk(input.movedim(dim, -1), k)
+    return torch.return_types.topk((values.movedim(-1, dim), indices.movedim(-1, dim)))
+
+
+def rank_reference_ties(model: torch.nn.Module, model_type: str) -> int:
+    """Make the top-k of the transformers modules that select DSA keys (DSA_TOPK_MODULES[model_type])
+    rank equal scores by key index, as dayzero does; every other computation is untouched, and
+    where no scores tie the result is the one transformers gives as installed. Returns how many
+    modules were changed (0 for a model_type without DSA)."""
+    names = DSA_TOPK_MODULES.get(model_type, ())
+    changed = 0
+    for module in model.modules():
+        if type(module).__name__ in names:
+            forward = module.forward
+
+            def ranked_forward(*args, _forward=forward, **kwargs):
+                with _RankedTopk():
+                    return _forward(*args, **kwargs)
+
+            module.forward = ranked_forward
+            changed += 1
+    if names and not changed:
+        raise RuntimeError(f"transformers' {model_type} model has no {' / '.join(names)} module: the DSA top-k "
+                           f"tie rule cannot be applied (use ties='torch' / --reference-ties torch)")
+    return changed
 
 
 def _has_scale_inv(path: Path) -> bool:
@@ -142,15 +224,52 @@ def _dequantized_state_dict(path: Path, quant: dict, dtype: torch.dtype) -> dict
     return out
 
 
+class _ForceTokens:
+    """A `generate` logits processor that makes step k emit tokens[k] (the raw logits, which
+    output_logits returns, are untouched)."""
+
+    def __init__(self, tokens: list[int], prompt_len: int):
+        self.tokens, self.prompt_len = tokens, prompt_len
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, self.tokens[input_ids.shape[1] - self.prompt_len]] = 0.0
+        return forced
+
+
+def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """transformers' cached `generate` over prompt [1, P] emitting `tokens` (forced): the raw
+    logits of every step, float32 [len(tokens), vocab]. The model's own generation config (EOS,
+    sampling, penalties) is set aside so that nothing stops or alters the run."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    steps = len(tokens)
+    saved = model.generation_config
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    try:
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps, min_new_tokens=steps,
+                             do_sample=False, use_cache=True, output_logits=True, return_dict_in_generate=True,
+                             logits_processor=LogitsProcessorList([_ForceTokens(tokens, prompt.shape[1])]))
+    finally:
+        model.generation_config = saved
+    if out.sequences[0, prompt.shape[1]:].tolist() != tokens:
+        raise RuntimeError(f"transformers' generate did not follow the forced tokens {tokens}: "
+                           f"{out.sequences[0, prompt.shape[1]:].tolist()}")
+    return torch.cat([step.float() for step in out.logits], dim=0)
+
+
 @torch.no_grad()
 def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: int = 8, seed: int = 0,
-                      dtype: str = "float32", device: str = "cpu", tolerance: float | None = None) -> VerifyResult:
+                      dtype: str = "float32", device: str = "cpu", tolerance: float | None = None,
+                      reference_ties: str = "index") -> VerifyResult:
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if prompt_len < 1:
         raise ValueError(f"--prompt-len must be at least 1, got {prompt_len}")
     if decode_steps < 0:
         raise ValueError(f"--decode-steps must be >= 0, got {decode_steps}")
+    if reference_ties not in REFERENCE_TIES:
+        raise ValueError(f"--reference-ties {reference_ties!r} is not supported; choose one of {', '.join(REFERENCE_TIES)}")
     tol = DEFAULT_TOLERANCE[dtype] if tolerance is None else tolerance
     torch_dtype = DTYPES[dtype]
     seconds = {}
@@ -159,7 +278,7 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
     ours = load_dayzero(path, torch_dtype, device)
     seconds["load_dayzero"] = time.perf_counter() - started
     started = time.perf_counter()
-    theirs = load_reference(path, torch_dtype, device)
+    theirs = load_reference(path, torch_dtype, device, ties=reference_ties)
     seconds["load_transformers"] = time.perf_counter() - started
 
     vocab = ours.spec.vocab_size
@@ -169,20 +288,46 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
     started = time.perf_counter()
     cache = ours.new_cache(batch=1)
     positions = torch.arange(prompt_len, device=device)[None]
-    our_logits = ours(prompt, positions, cache)
-    ref_logits = theirs(input_ids=prompt, use_cache=False).logits.float()
-    steps = [StepResult(0, rel_err(our_logits, ref_logits), int(our_logits[0, -1].argmax()), int(ref_logits[0, -1].argmax()))]
-    tokens = [steps[0].token]
+    our_steps = [ours(prompt, positions, cache)[0]]  # step 0: every prompt position [P, V]; then [V] per step
+    tokens = [int(our_steps[0][-1].argmax())]
     for k in range(1, decode_steps + 1):
         last = torch.tensor([[tokens[-1]]], device=device)
         pos = torch.tensor([[prompt_len + k - 1]], device=device)
-        our_logits = ours(last, pos, cache)[0, -1]
-        sequence = torch.cat([prompt, torch.tensor([tokens], device=device)], dim=1)
-        ref_logits = theirs(input_ids=sequence, use_cache=False).logits[0, -1].float()
-        steps.append(StepResult(k, rel_err(our_logits, ref_logits), int(our_logits.argmax()), int(ref_logits.argmax())))
-        tokens.append(steps[-1].token)
-    seconds["compare"] = time.perf_counter() - started
+        our_steps.append(ours(last, pos, cache)[0, -1])
+        tokens.append(int(our_steps[-1].argmax()))
+    seconds["dayzero"] = time.perf_counter() - started
 
+    started = time.perf_counter()
+    cached = reference_cached_logits(theirs, prompt, tokens)
+    seconds["transformers_cached"] = time.perf_counter() - started
+    started = time.perf_counter()
+    sequence = torch.cat([prompt, torch.tensor([tokens[:-1]], dtype=prompt.dtype, device=device)], dim=1)
+    full = theirs(input_ids=sequence, use_cache=False).logits[0].float()  # position p predicts token p + 1
+    seconds["transformers_full"] = time.perf_counter() - started
+
+    steps = []
+    for k, our in enumerate(our_steps):
+        oracle = full[:prompt_len] if k == 0 else full[prompt_len - 1 + k]
+        last_ours = our[-1] if k == 0 else our
+        err_full = rel_err(our, oracle)
+        steps.append(StepResult(
+            step=k, rel_err=err_full, token=tokens[k], reference_token=int(full[prompt_len - 1 + k].argmax()),
+            rel_err_vs_full=err_full, rel_err_vs_cached=rel_err(last_ours, cached[k]),
+            reference_rel_err=rel_err(cached[k], full[prompt_len - 1 + k]), cached_token=int(cached[k].argmax())))
+
+    inconsistent = next((s for s in steps if s.reference_rel_err > tol), None)
+    inconsistency = None
+    if inconsistent is not None:
+        inconsistency = {
+            "step": inconsistent.step,
+            "rel_err": inconsistent.reference_rel_err,
+            "cached_token": inconsistent.cached_token,
+            "full_token": inconsistent.reference_token,
+            "message": f"the reference is inconsistent at step {inconsistent.step}: transformers' cached generate and "
+                       f"its full forward differ by {inconsistent.reference_rel_err:.3e} relative logits error "
+                       f"(tolerance {tol:.1e}; greedy token {inconsistent.cached_token} vs "
+                       f"{inconsistent.reference_token}); dayzero is judged against the full forward",
+        }
     first = next((s for s in steps if s.rel_err > tol or s.token != s.reference_token), None)
     divergence = None
     if first is not None:
@@ -193,7 +338,7 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
             "rel_err": first.rel_err,
             "token": first.token,
             "reference_token": first.reference_token,
-            "message": f"first divergence at {what}: max relative logits error {first.rel_err:.3e} "
+            "message": f"first divergence at {what}: max relative logits error {first.rel_err:.3e} against {ORACLE} "
                        f"(tolerance {tol:.1e}); greedy token {first.token} vs transformers {first.reference_token}",
         }
     errors = [s.rel_err for s in steps]
@@ -205,25 +350,36 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
         greedy_tokens=tokens,
         reference_tokens=[s.reference_token for s in steps],
         decode_steps=decode_steps,
+        oracle=ORACLE,
+        reference_ties=reference_ties,
         prefill_rel_err=errors[0],
         decode_rel_err=errors[1:],
         max_rel_err=max(errors),
         tokens_match=all(s.token == s.reference_token for s in steps),
         passed=first is None,
         first_divergence=divergence,
+        reference_consistent=inconsistency is None,
+        reference_inconsistency=inconsistency,
         steps=steps,
         seconds={k: round(v, 3) for k, v in seconds.items()},
     )
 
 
 def format_result(r: VerifyResult) -> str:
+    ties = ", DSA top-k ties by key index" if r.reference_ties == "index" and r.model_type in DSA_TOPK_MODULES else ""
     lines = [f"dayzero verify: {r.model_type}, {r.dtype}, prompt {len(r.prompt_ids)} tokens, {r.decode_steps} decode steps",
-             f"  {'step':<10} {'max rel err':>12}  {'dayzero':>8} {'transformers':>12}"]
+             f"  oracle: {r.oracle}{ties}; checked against transformers' cached generate (cached-full)",
+             f"  {'step':<10} {'vs full':>10} {'vs cached':>10} {'cached-full':>12}  {'dayzero':>7} {'transformers':>12}"]
     for s in r.steps:
         name = "prefill" if s.step == 0 else f"decode {s.step}"
         flag = "" if s.rel_err <= r.tolerance and s.token == s.reference_token else "  <-- diverges"
-        lines.append(f"  {name:<10} {s.rel_err:>12.3e}  {s.token:>8} {s.reference_token:>12}{flag}")
-    lines.append(f"  max relative error {r.max_rel_err:.3e} (tolerance {r.tolerance:.1e}); greedy tokens "
-                 + ("match" if r.tokens_match else "DIFFER"))
+        if s.reference_rel_err > r.tolerance:
+            flag += "  <-- reference inconsistent"
+        lines.append(f"  {name:<10} {s.rel_err_vs_full:>10.3e} {s.rel_err_vs_cached:>10.3e} {s.reference_rel_err:>12.3e}"
+                     f"  {s.token:>7} {s.reference_token:>12}{flag}")
+    lines.append(f"  max relative error {r.max_rel_err:.3e} against the full forward (tolerance {r.tolerance:.1e}); "
+                 "greedy tokens " + ("match" if r.tokens_match else "DIFFER"))
+    lines.append("  " + ("the reference is consistent: its cached generate and full forward agree at every step"
+                         if r.reference_consistent else r.reference_inconsistency["message"]))
     lines.append("PASSED" if r.passed else f"FAILED: {r.first_divergence['message']}")
     return "\n".join(lines)

@@ -1,5 +1,7 @@
 """`dayzero verify` on real-layout tiny checkpoints: passes when dayzero is right, fails loudly
-(non-zero exit, the first diverging step named) when dayzero's side computes something wrong."""
+(non-zero exit, the first diverging step named) when dayzero's side computes something wrong, and
+checks its oracle: transformers' cached generate against its full forward, the inconsistency
+reported at its step and dayzero judged against the full forward."""
 
 import json
 
@@ -31,6 +33,20 @@ def test_verify_passes_and_reports_the_contract_keys(gpt_oss_dir, capsys):
     assert result["tokens_match"] is True and result["passed"] is True
     assert result["max_rel_err"] <= 1e-4
     assert len(result["decode_rel_err"]) == 3
+    assert result["oracle"] == "transformers full forward (no cache)"
+    assert result["reference_consistent"] is True and result["reference_inconsistency"] is None
+    for step in result["steps"]:  # both errors per step, and the oracle's own check
+        assert step["rel_err"] == step["rel_err_vs_full"] <= 1e-4
+        assert step["rel_err_vs_cached"] <= 1e-4 and step["reference_rel_err"] <= 1e-4
+        assert step["cached_token"] == step["reference_token"] == step["token"]
+
+
+def test_text_report_names_the_oracle(gpt_oss_dir, capsys):
+    assert main(["verify", str(gpt_oss_dir), "--prompt-len", "12", "--decode-steps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "oracle: transformers full forward (no cache)" in out
+    assert "vs full" in out and "vs cached" in out and "the reference is consistent" in out
+    assert out.rstrip().endswith("PASSED")
 
 
 def test_verify_is_reproducible_per_seed(gpt_oss_dir, capsys):
@@ -67,8 +83,8 @@ def test_a_decode_only_bug_is_named_by_its_step(gpt_oss_dir, capsys, monkeypatch
 
         def forward_losing_the_cache_at_step_2(input_ids, positions, cache=None):
             if cache is not None and input_ids.shape[1] == 1 and int(positions[0, 0]) == 13:
-                cache.layers[0].clear()  # forget layer 0's keys and values before decode step 2
-                cache.layers[0].update(model.new_cache(1).layers[0])
+                cache.storage.streams[0, "k"].zero_()  # forget layer 0's keys before decode step 2
+                cache.storage.streams[0, "v"].zero_()
             return forward(input_ids, positions, cache)
 
         model.forward = forward_losing_the_cache_at_step_2
@@ -81,9 +97,91 @@ def test_a_decode_only_bug_is_named_by_its_step(gpt_oss_dir, capsys, monkeypatch
     assert "first divergence at decode step 2" in err
 
 
+def _cached_path_broken_at_step_2(monkeypatch):
+    """transformers' cached generate made wrong from decode step 2 on (its full forward untouched)."""
+    cached = verify_mod.reference_cached_logits
+
+    def broken(model, prompt, tokens):
+        logits = cached(model, prompt, tokens)
+        logits[2:] += torch.randn_like(logits[2:]) * logits.abs().max()
+        return logits
+
+    monkeypatch.setattr(verify_mod, "reference_cached_logits", broken)
+
+
+def test_an_inconsistent_reference_is_reported_and_the_full_forward_judges(gpt_oss_dir, capsys, monkeypatch):
+    _cached_path_broken_at_step_2(monkeypatch)
+    rc, result, err = _verify(capsys, gpt_oss_dir)
+    assert rc == 0, err  # dayzero agrees with the full forward
+    assert result["passed"] is True and result["max_rel_err"] <= 1e-4
+    assert result["reference_consistent"] is False
+    assert result["reference_inconsistency"]["step"] == 2
+    assert "the reference is inconsistent at step 2" in result["reference_inconsistency"]["message"]
+    assert "judged against the full forward" in result["reference_inconsistency"]["message"]
+    steps = result["steps"]
+    assert all(s["reference_rel_err"] <= 1e-4 and s["rel_err_vs_cached"] <= 1e-4 for s in steps[:2])
+    assert all(s["reference_rel_err"] > 1e-2 and s["rel_err_vs_cached"] > 1e-2 for s in steps[2:])
+    assert main(["verify", str(gpt_oss_dir), "--prompt-len", "12", "--decode-steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "the reference is inconsistent at step 2" in out and "<-- reference inconsistent" in out
+
+
+def test_a_dayzero_bug_fails_against_an_inconsistent_reference_too(gpt_oss_dir, capsys, monkeypatch):
+    _cached_path_broken_at_step_2(monkeypatch)
+    load = verify_mod.load_dayzero
+
+    def perturbed(*args, **kwargs):
+        model = load(*args, **kwargs)
+        forward = model.forward
+
+        def wrong_at_step_3(input_ids, positions, cache=None):
+            logits = forward(input_ids, positions, cache)
+            return logits * 1.1 if int(positions[0, -1]) == 14 else logits  # the prompt is 12 tokens
+
+        model.forward = wrong_at_step_3
+        return model
+
+    monkeypatch.setattr(verify_mod, "load_dayzero", perturbed)
+    rc, result, err = _verify(capsys, gpt_oss_dir)
+    assert rc == 1
+    assert result["reference_inconsistency"]["step"] == 2 and result["first_divergence"]["step"] == 3
+    assert "first divergence at decode step 3" in err and "transformers full forward" in err
+
+
+@pytest.fixture(scope="module")
+def tied_v32_dir(tmp_path_factory):
+    """One indexer head and index_topk 4 under a 12-token prompt: the indexer's scores tie exactly
+    (ReLU zeros) at the top-k boundary."""
+    from tests.models.deepseek_checkpoints import build_deepseek_v32_checkpoint
+
+    return build_deepseek_v32_checkpoint(tmp_path_factory.mktemp("v32"), fp8=False, mtp=False, index_n_heads=1,
+                                         index_topk=4)
+
+
+def test_v32_with_tied_scores_passes_against_the_ranked_reference(tied_v32_dir, capsys):
+    rc, result, err = _verify(capsys, tied_v32_dir)
+    assert rc == 0, err
+    assert result["reference_ties"] == "index" and result["reference_consistent"] is True
+    assert result["max_rel_err"] <= 1e-4 and max(s["rel_err_vs_cached"] for s in result["steps"]) <= 1e-4
+
+
+def test_transformers_as_installed_is_an_inconsistent_reference_on_tied_scores(tied_v32_dir, capsys):
+    """torch.topk's pick among tied scores depends on the row length: transformers' cached generate
+    and its full forward disagree (docs/models.md). If this fails, transformers changed its ties."""
+    rc, result, _ = _verify(capsys, tied_v32_dir, "--reference-ties", "torch")
+    assert result["reference_ties"] == "torch"
+    assert result["reference_consistent"] is False and result["reference_inconsistency"]["rel_err"] > 1e-2
+    assert rc == 1  # dayzero ranks ties by key index, the full forward by torch.topk's order
+
+
 def test_verify_rejects_bad_arguments(gpt_oss_dir, capsys):
     assert main(["verify", str(gpt_oss_dir), "--prompt-len", "0"]) == 2
     assert "--prompt-len must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["verify", str(gpt_oss_dir), "--reference-ties", "random"])
+    assert "invalid choice: 'random'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--reference-ties 'random' is not supported"):
+        verify_mod.verify_checkpoint(gpt_oss_dir, reference_ties="random")
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v32", "deepseek_v4", "kimi_linear"])

@@ -18,12 +18,12 @@ Layout
 - States live in `num_state_slots` request slots followed by `num_snapshots` snapshot slots:
   `states[layer, name]` is [num_state_slots + num_snapshots, *shape].
 
-A step (`StepContext`, built by the runner) carries per cache group and entry rate the slots the new
-entries go to and the slots each row reads, right-aligned and padded on the left with the row's first entry (so the
-padding holds finite values; attention masks it with `kv_lens`), plus each row's state slot. Models
-see only `cache.layers[i]`, a `PagedLayerView`: `append(name, new)` writes and gathers,
-`select(name, indices)` reads chosen entries only, `lens(name)` gives the rows' lengths, and
-`view[name]` / `view[name] = x` read and write states.
+A step's metadata (`dayzero.cache.step.StepMetadata`, built by the runner in one transfer) carries
+the packed batch (SeqBatch), the block table of every cache group and where each new entry goes.
+Models see only `cache.layers[i]`, a `PagedLayerView`: `append(name, new)` writes the step's new
+entries and returns the stream (`dayzero.ops.paged.PagedStream`) that attention ops read in place
+through the block table, `stream(name)` returns it without writing, and `view[name]` /
+`view[name] = x` read and write the sequences' states. Nothing gathers a sequence's whole cache.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dayzero.formats.fp8 import dequantize_activation_groups, quantize_activation_groups
+from dayzero.cache.step import StepMetadata
+from dayzero.formats.fp8 import quantize_activation_groups
+from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
 
 if TYPE_CHECKING:
     from dayzero.models.base import CausalLM
 
 ALIGN = 16  # bytes; every stream starts at a multiple of this in a page
-FP8_GROUP = 128  # values per scale of an FP8 stream (kv_cache_dtype "fp8_e4m3")
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 
 
@@ -146,17 +147,22 @@ def _aligned(n: int) -> int:
 
 
 class _ProbeLayer:
-    """Records what a layer caches, computing as the reference dict cache does."""
+    """Records what a layer caches while the model runs on one token: each stream it appends to (a
+    one-entry page holding the new entry, so the layer's ops run) and each state it sets."""
 
-    def __init__(self, layer: int, layout: CacheLayout):
-        self.layer, self.layout, self.values = layer, layout, {}
+    def __init__(self, layer: int, layout: CacheLayout, seqs: SeqBatch):
+        self.layer, self.layout, self.seqs, self.values, self.streams = layer, layout, seqs, {}, {}
 
-    def append(self, name, new, window=None, rate=1, read=True):
-        self.layout.streams.append(StreamSpec(self.layer, name, tuple(new.shape[2:]), new.dtype, window, rate))
-        return new
+    def append(self, name, new, window=None, rate=1):
+        self.layout.streams.append(StreamSpec(self.layer, name, tuple(new.shape[1:]), new.dtype, window, rate))
+        data = new.new_zeros((1, 1, *new.shape[1:]))
+        data[0, :new.shape[0]] = new[:1]
+        table = torch.tensor([[0, -1]], dtype=torch.int32, device=new.device)
+        self.streams[name] = PagedStream(data, table, rate, rate)
+        return self.streams[name]
 
-    def lens(self, name):
-        return None
+    def stream(self, name):
+        return self.streams[name]
 
     def get(self, name, default=None):
         return self.values.get(name, default)
@@ -174,18 +180,19 @@ class _ProbeLayer:
 
 
 class _ProbeCache:
-    def __init__(self, num_layers: int, layout: CacheLayout):
-        self.layers = [_ProbeLayer(i, layout) for i in range(num_layers)]
-        self.batch, self.length = 1, 0
+    def __init__(self, num_layers: int, layout: CacheLayout, device):
+        self.seqs = SeqBatch.build([1], [1], device)
+        self.layers = [_ProbeLayer(i, layout, self.seqs) for i in range(num_layers)]
+        self.logits_indices = None
 
 
 @torch.no_grad()
 def probe_layout(model: CausalLM) -> CacheLayout:
-    """What the model caches, from one forward of one token (the entries' shapes do not depend on
-    the tokens)."""
+    """What the model caches, from one packed forward of one token (the entries' shapes do not depend
+    on the tokens)."""
     layout = CacheLayout([], [])
-    ids = torch.zeros((1, 1), dtype=torch.long, device=model.device_)
-    model(ids, torch.zeros_like(ids), _ProbeCache(model.spec.num_layers, layout))
+    ids = torch.zeros((1,), dtype=torch.long, device=model.device_)
+    model.forward_packed(ids, torch.zeros_like(ids), _ProbeCache(model.spec.num_layers, layout, model.device_))
     return layout
 
 
@@ -233,124 +240,56 @@ class PagedKVStorage:
             t[dst].copy_(t[src])
 
 
-@dataclass
-class StreamStep:
-    """One (group, rate)'s part of a step: where the rows' new entries go, and what each row reads."""
-
-    write_blocks: torch.Tensor  # long [B * new entries per row]
-    write_offsets: torch.Tensor  # long [B * new entries per row]
-    read_blocks: torch.Tensor  # long [B, S]
-    read_offsets: torch.Tensor  # long [B, S]
-    lens: torch.Tensor | None  # long [B]: real entries per row (right-aligned), None when no row is padded
-    num_new: int  # entries each row appends this step
-
-
-@dataclass
-class StepContext:
-    """Everything a forward needs to read and write the paged cache; models never see its insides."""
-
-    streams: dict[tuple[int, int], StreamStep]  # by (group, rate)
-    state_slots: torch.Tensor  # long [B]
-    fresh: bool  # the rows have no state yet (a prefill from token 0): states read as absent
-    batch: int
-
-
-def build_step(tables: list[list[list[int | None]]], starts: list[int], num_new: int, layout: CacheLayout,
-               block_size: int, state_slots: list[int], device) -> StepContext:
-    """The StepContext of B rows that each compute num_new tokens from position starts[b], with
-    block tables tables[b][group] (None entries: reclaimed blocks, never read). Index arithmetic
-    runs on CPU tensors; the results move to `device` once."""
-    start = torch.tensor(starts, dtype=torch.long)
-    end = start + num_new
-    rows = torch.arange(len(tables))[:, None]
-    block_tables = {}
-    streams = {}
-    for g, rate, per_block in layout.stream_kinds(block_size):
-        if g not in block_tables:
-            width = max(len(t[g]) for t in tables)
-            block_tables[g] = torch.tensor([[-1 if b is None else b for b in t[g]] + [-1] * (width - len(t[g]))
-                                            for t in tables], dtype=torch.long).view(len(tables), width)
-        table = block_tables[g]
-        window = layout.windows[g]
-
-        def slots(entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """(block, offset) of entries [B, n] of this rate: entry e in the block of token e * rate."""
-            tokens = entries * rate
-            offsets = (tokens % block_size) // rate if per_block > 1 else torch.zeros_like(tokens)
-            return table[rows, tokens // block_size], offsets
-
-        first_new, end_entry = start // rate, end // rate
-        counts = (end_entry - first_new).unique()
-        if len(counts) > 1:
-            raise ValueError(f"rows of one step append different numbers of {rate}-token entries "
-                             f"({counts.tolist()}); run them as separate forwards")
-        wb, wo = slots(first_new[:, None] + torch.arange(int(counts[0])))
-        lo = torch.zeros_like(start) if window is None else (start - (window - 1)).clamp(min=0) // rate
-        lens = end_entry - lo
-        width = int(lens.max())
-        entries = end_entry[:, None] - width + torch.arange(width)  # right-aligned
-        entries = torch.maximum(entries, lo[:, None])  # padding repeats the row's first entry (finite values)
-        rb, ro = slots(entries)
-        if width and bool((rb < 0).any()):
-            raise RuntimeError("a step reads a block that was reclaimed or never allocated")
-        streams[g, rate] = StreamStep(wb.reshape(-1).to(device), wo.reshape(-1).to(device), rb.to(device), ro.to(device),
-                                      lens.to(device) if bool((lens != width).any()) else None, int(counts[0]))
-    fresh = all(s == 0 for s in starts)
-    return StepContext(streams, torch.tensor(state_slots, dtype=torch.long, device=device), fresh, len(tables))
-
-
 class PagedLayerView:
-    """What a layer sees of the paged cache during one step (module docstring)."""
+    """What layer `layer` sees of the paged cache during one packed step (module docstring).
 
-    def __init__(self, storage: PagedKVStorage, ctx: StepContext, layer: int):
-        self.storage, self.ctx, self.layer = storage, ctx, layer
-        self.dtypes: dict[str, torch.dtype] = {}  # the dtype each stream was written in (FP8 reads return it)
+    append(name, new [M, *entry]): writes the step's M new entries of stream `name` (sequence by
+    sequence; M is what the step's writes for the stream's group and rate hold) and returns the stream
+    (a PagedStream that attention ops read in place, this step's entries included);
+    stream(name): the stream without writing; view[name] / view[name] = x: the sequences' states
+    [B, *shape] (a sequence with no computed token reads zeros; when every sequence of the step is
+    fresh, `get` returns the default instead, so a model may skip reading)."""
 
-    def _step(self, name: str) -> StreamStep:
+    def __init__(self, storage: "PagedKVStorage", meta: StepMetadata, layer: int):
+        self.storage, self.meta, self.layer = storage, meta, layer
+
+    @property
+    def seqs(self) -> SeqBatch:
+        return self.meta.seqs
+
+    def _key(self, name: str) -> tuple[int, str]:
         key = (self.layer, name)
-        if key not in self.storage.group:
+        if key not in self.storage.specs:
             raise KeyError(f"layer {self.layer} has no cache stream {name!r} (not seen when the layout was probed)")
-        return self.ctx.streams[self.storage.group[key], self.storage.specs[key].rate]
+        return key
 
-    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1,
-               read: bool = True) -> torch.Tensor | None:
-        step = self._step(name)
-        pages = self.storage.streams[self.layer, name]
-        if new.shape[:2] != (self.ctx.batch, step.num_new):
-            raise ValueError(f"layer {self.layer} {name!r}: the step appends {step.num_new} entries per row to "
-                             f"{self.ctx.batch} rows, the model gave {tuple(new.shape[:2])}")
-        flat = new.reshape(-1, *new.shape[2:])
-        key = (self.layer, name)
-        if key in self.storage.scales:
-            q, sc = quantize_activation_groups(flat, FP8_GROUP)
-            pages[step.write_blocks, step.write_offsets] = q
-            self.storage.scales[key][step.write_blocks, step.write_offsets] = sc
+    def stream(self, name: str) -> PagedStream:
+        key = self._key(name)
+        spec = self.storage.specs[key]
+        return PagedStream(self.storage.streams[key], self.meta.block_tables[self.storage.group[key]],
+                           self.storage.block_size, spec.rate, self.storage.scales.get(key),
+                           spec.dtype if spec.fp8 else None)
+
+    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> PagedStream:
+        key = self._key(name)
+        spec = self.storage.specs[key]
+        pages, offsets = self.meta.writes[self.storage.group[key], spec.rate]
+        if new.shape[0] != pages.shape[0] or tuple(new.shape[1:]) != spec.shape:
+            raise ValueError(f"layer {self.layer} {name!r}: the step appends {pages.shape[0]} entries of shape "
+                             f"{spec.shape}, the model gave {tuple(new.shape)}")
+        data = self.storage.streams[key]
+        if spec.fp8:
+            q, sc = quantize_activation_groups(new, FP8_GROUP)
+            data[pages, offsets] = q
+            self.storage.scales[key][pages, offsets] = sc
         else:
-            pages[step.write_blocks, step.write_offsets] = flat.to(pages.dtype)
-        self.dtypes[name] = new.dtype
-        return self._read(name, step.read_blocks, step.read_offsets) if read else None
-
-    def select(self, name: str, indices: torch.Tensor) -> torch.Tensor:
-        """Entries [B, N, ...] at indices [B, N] into this step's read layout of `name` (what append
-        returns), read through the page table: only these entries are touched."""
-        step = self._step(name)
-        return self._read(name, step.read_blocks.gather(1, indices), step.read_offsets.gather(1, indices))
-
-    def _read(self, name: str, blocks: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        key = (self.layer, name)
-        pages = self.storage.streams[key]
-        if key not in self.storage.scales:
-            return pages[blocks, offsets]
-        return dequantize_activation_groups(pages[blocks, offsets], self.storage.scales[key][blocks, offsets],
-                                            FP8_GROUP, self.dtypes.get(name, self.storage.specs[key].dtype))
-
-    def lens(self, name: str) -> torch.Tensor | None:
-        return self._step(name).lens
+            data[pages, offsets] = new.to(data.dtype)
+        return self.stream(name)
 
     def get(self, name: str, default=None):
-        if self.ctx.fresh or (self.layer, name) not in self.storage.states:
+        if (self.layer, name) not in self.storage.states or all(self.meta.fresh):
             return default
-        return self.storage.states[self.layer, name][self.ctx.state_slots]
+        return self.storage.states[self.layer, name][self.meta.state_slots]
 
     def __contains__(self, name: str) -> bool:
         return self.get(name) is not None
@@ -365,12 +304,22 @@ class PagedLayerView:
         key = (self.layer, name)
         if key not in self.storage.states:
             raise KeyError(f"layer {self.layer} has no state {name!r} (not seen when the layout was probed)")
-        self.storage.states[key][self.ctx.state_slots] = value.to(self.storage.states[key].dtype)
+        self.storage.states[key][self.meta.state_slots] = value.to(self.storage.states[key].dtype)
 
 
 class PagedStepCache:
-    """The `cache` argument of one paged forward: `layers[i]` are the views."""
+    """The `cache` argument of one packed forward: `layers[i]` are the views, `meta` the step, and
+    `logits_indices` the rows whose logits the forward returns."""
 
-    def __init__(self, storage: PagedKVStorage, ctx: StepContext, num_layers: int):
-        self.layers = [PagedLayerView(storage, ctx, i) for i in range(num_layers)]
-        self.batch, self.length = ctx.batch, 0
+    def __init__(self, storage: "PagedKVStorage", meta: StepMetadata, num_layers: int):
+        self.storage, self.meta = storage, meta
+        self.logits_indices = meta.logits_indices
+        self.layers = [PagedLayerView(storage, meta, i) for i in range(num_layers)]
+        if storage.states and any(meta.fresh) and not all(meta.fresh):  # fresh sequences start from zero state
+            for slot in (s for s, f in zip(meta.state_slots_host, meta.fresh) if f):
+                for t in storage.states.values():
+                    t[slot] = 0
+
+    @property
+    def seqs(self) -> SeqBatch:
+        return self.meta.seqs

@@ -94,7 +94,7 @@ class Engine:
         storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
         self.runner = PagedRunner(model, kv, storage, snapshots)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
-                                   eos_token_ids=eos_token_ids)
+                                   eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
         self.tracks: dict[str, _Track] = {}
 
@@ -153,12 +153,11 @@ class Engine:
         updates: list[RequestUpdate] = []
         for req in out.finished:  # ended while scheduling: the KV pool is full for them
             updates.append(self._finish_update(self.tracks[req.request_id], []))
-        logits = self.runner.execute(out)
+        rids, logits = self.runner.execute(out)
         sampled: dict[str, int] = {}
         step_logprobs: dict[str, TokenLogprobs | None] = {}
-        if logits:
-            rids = list(logits)
-            result = self.sampler(torch.stack([logits[r] for r in rids]), [self.tracks[r].state for r in rids])
+        if rids:
+            result = self.sampler(logits, [self.tracks[r].state for r in rids])
             for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
                 sampled[rid], step_logprobs[rid] = token, lp
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}

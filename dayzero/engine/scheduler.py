@@ -20,6 +20,9 @@ Policy (vLLM V1's, without priorities)
   prefix cache then). No request is admitted in a step that preempted.
 - Without chunked prefill, a preempted request whose prompt + output exceeds the budget is still
   recomputed in chunks: otherwise it could never run again.
+- `align_chunks` B (models with recurrent state and prefix caching): a chunk of several tokens that
+  crosses a multiple of B ends there (the rest follows next step), so that the runner can save the
+  recurrent state at every block boundary a prompt reaches (the state exists only at a step's end).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool = True, eos_token_ids: int | list[int] | set[int] | None = None):
+                 chunked_prefill: bool = True, eos_token_ids: int | list[int] | set[int] | None = None,
+                 align_chunks: int | None = None):
         if max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_seqs ({max_num_seqs}) and max_num_batched_tokens "
                              f"({max_num_batched_tokens}) must both be >= 1")
@@ -72,6 +76,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked_prefill = chunked_prefill
+        self.align_chunks = align_chunks
         if eos_token_ids is None:
             self.eos_token_ids: frozenset[int] = frozenset()
         elif isinstance(eos_token_ids, int):
@@ -159,7 +164,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = self._chunk(req.num_computed_tokens, min(req.num_tokens - req.num_computed_tokens, budget))
             while not self.kv.allocate_slots(req, num_new):
                 victim = self.running[-1]  # the most recently arrived; not scheduled yet (index >= i)
                 if victim is req and i == 0:
@@ -184,7 +189,7 @@ class Scheduler:
             if remaining > budget and not may_chunk:
                 self.kv.free(req)
                 break
-            num_new = min(remaining, budget)
+            num_new = self._chunk(num_cached, min(remaining, budget))
             req.num_computed_tokens = num_cached
             if not self.kv.allocate_slots(req, num_new):
                 self.kv.free(req)
@@ -199,6 +204,14 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, num_new, num_cached))
             budget -= num_new
         return out
+
+    def _chunk(self, start: int, num_new: int) -> int:
+        """num_new, or with align_chunks B the tokens up to the last multiple of B it crosses."""
+        b = self.align_chunks
+        if b is None or num_new <= 1:
+            return num_new
+        boundary = (start + num_new) // b * b
+        return boundary - start if start < boundary < start + num_new else num_new
 
     def update(self, output: SchedulerOutput, sampled_token_ids: dict[str, int | None]) -> list[Request]:
         """Record a finished step: advance each request by the tokens computed, append the token

@@ -27,7 +27,6 @@ import torch
 
 from dayzero.kernels.moe_checks import supports_bf16, supports_fp8, supports_mxfp4
 from dayzero.ops.registry import REGISTRY
-import dayzero.kernels.attention  # noqa: E402,F401  (registers the attention kernels: dayzero/kernels/attention)
 
 TRITON_PRIORITY = 10
 
@@ -81,3 +80,4 @@ for _op, _supports in (("route_softmax_topk", "supports_softmax"), ("route_sigmo
                              available=triton_cuda_available, supports=_routing(_supports))
 REGISTRY.register_kernel("moe_experts_fp8", moe_experts_fp8, backend="triton", devices=["cuda"],
                          priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_fp8)
+import dayzero.kernels.attention  # noqa: E402,F401  (registers the attention kernels)

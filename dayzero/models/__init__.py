@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from dayzero.models.base import CausalLM, KVCache, WeightTarget
-from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec
+from dayzero.models.base import CausalLM, WeightTarget
+from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec, resolve_config
 
 # model file (module under dayzero.models) for each family; the module registers its classes on import
 FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear")
@@ -60,29 +60,33 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                progress: bool = True, verbose: bool = False) -> CausalLM:
     """Build the model of the checkpoint at `path` and fill it from the safetensors files.
 
-    Float weights are cast to `dtype`; FP8 and MXFP4 weights stay in their shipped format. Every
+    Float weights are cast to `dtype`; FP8 and MXFP4 weights stay in their shipped format. The
+    tensor names may be in any layout the model lists (`model.layouts()`: the release, what
+    transformers saves); the one the checkpoint is in is found from its tensor names. Every
     mismatch between the checkpoint and what the model expects (missing, unexpected, wrong shape or
-    dtype) is raised before any data is read, naming the tensor and the file."""
-    from dayzero.weights import Checkpoint, iter_tensors
+    dtype) is raised before any data is read, naming the tensor, the file and the layouts tried."""
+    from dayzero.weights import Checkpoint, iter_tensors, match_layout
 
     started = time.perf_counter()
     spec = load_spec(path)
     cls = model_class(spec)
-    config = read_config(path)
+    config = resolve_config(read_config(path))
     device = torch.device(device)
     model = cls(spec, config, dtype=dtype, device=device)
     targets = model.weight_targets()
-    checkpoint = Checkpoint.open(path)
     expected = {name: t.spec for name, t in targets.items()}
-    for name, tensor in iter_tensors(checkpoint, device=device, expected=expected,
-                                     ignore_unexpected=model.ignore_patterns(), progress=progress):
+    ignore = model.ignore_patterns()
+    layout, checkpoint = match_layout(Checkpoint.open(path), model.layouts(), expected, family=spec.model_type,
+                                      ignore_unexpected=ignore)
+    for name, tensor in iter_tensors(checkpoint, device=device, expected=expected, ignore_unexpected=ignore,
+                                     progress=progress):
         targets[name].assign(tensor)
     model.post_load()
     model.eval()
     if verbose:
-        print(f"[dayzero] loaded {spec.model_type} ({len(targets)} tensors) to {device} in "
+        print(f"[dayzero] loaded {spec.model_type} ({len(targets)} tensors, {layout.name} layout) to {device} in "
               f"{time.perf_counter() - started:.1f} s")
     return model
 
 
-__all__ = ["CausalLM", "KVCache", "MODELS", "WeightTarget", "load_model", "model_class", "read_config", "register_model"]
+__all__ = ["CausalLM", "MODELS", "WeightTarget", "load_model", "model_class", "read_config", "register_model"]

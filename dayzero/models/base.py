@@ -2,15 +2,26 @@
 
 Contract of a model (one file per family, registered by model_type in dayzero.models):
     model = Cls(spec, config, dtype=..., device=...)      # parameters allocated, not filled
+    logits = model.forward_packed(input_ids [N], positions [N], cache)   # float32 [R, vocab]
+The packed form is the engine's: the tokens of every scheduled sequence in one row, `cache` a
+dayzero.cache.paged.PagedStepCache (`cache.seqs` says which rows belong to which sequence,
+`cache.layers[i]` is layer i's view of the paged pool, `cache.logits_indices` the R rows whose
+logits are returned, every row when None). A model writes each new cache entry once
+(`view.append`) and hands the streams to attention ops, which read the pool in place; it does no
+paging arithmetic and reads no device value back to the host.
+The batched form, for tests and `dayzero verify`:
     logits = model(input_ids [B, T], positions [B, T], cache)   # float32 [B, T, vocab]
-`cache` is None (one full forward, no state kept) or a `KVCache` from `model.new_cache(batch)`:
+`cache` is None (one full forward, no state kept) or a `LocalCache` from `model.new_cache(batch)`:
 then each call appends T tokens at positions cache.length ... cache.length + T - 1, so a prefill
-followed by one-token decode steps computes what one full forward computes.
+followed by one-token decode steps computes what one full forward computes. It runs the packed
+form on a paged cache of its own (dayzero.cache.local).
 
 Weights are loaded by name. By default a module's parameters are filled from the checkpoint tensor
-of the same dotted name, so a model file mirrors the checkpoint's names. A module whose memory
-layout differs from the checkpoint's (stacked experts, renamed tensors) overrides
-`weight_targets(prefix)` and maps each checkpoint name to a `WeightTarget`.
+of the same dotted name, so a model file mirrors the release checkpoint's names. A module whose
+memory layout differs from the checkpoint's (stacked experts, renamed tensors) overrides
+`weight_targets(prefix)` and maps each checkpoint name to a `WeightTarget`. Checkpoints stored
+under other names (what transformers writes) are mapped onto these by the model's `layouts()`
+(dayzero.weights.layouts), chosen from the tensor names at load.
 """
 
 from __future__ import annotations
@@ -21,8 +32,11 @@ from typing import Callable, ClassVar
 import torch
 from torch import nn
 
-from dayzero.spec import ModelSpec
-from dayzero.weights import FLOAT_DTYPES, TensorSpec
+from dayzero.cache.local import LocalCache
+from dayzero.spec import ModelSpec, resolve_config
+from dayzero.weights import FLOAT_DTYPES, Layout, TensorSpec
+
+RELEASE = Layout("release", "the names the model file documents")
 
 
 @dataclass
@@ -67,64 +81,6 @@ def collect_weight_targets(module: nn.Module, prefix: str = "") -> dict[str, Wei
     return targets
 
 
-class KVCache:
-    """The per-sequence state of a reference forward: `layers[i]` is a dict that layer i's attention
-    fills as it needs (keys, values, latents, indexer keys, compressor state); `length` counts the
-    tokens already processed. All B sequences of a batch advance together."""
-
-    def __init__(self, num_layers: int, batch: int):
-        self.layers: list[dict[str, torch.Tensor]] = [{} for _ in range(num_layers)]
-        self.batch = batch
-        self.length = 0
-
-
-def cache_append(layer_cache, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1,
-                 read: bool = True) -> torch.Tensor | None:
-    """Append this step's entries [B, T, ...] to the layer's stream `name` and return the entries
-    attention reads [B, S, ...] (the last T are the new ones); without a cache (one full forward)
-    just the new ones. `window` W marks a sliding-window stream: only the last W - 1 entries before
-    the new ones must be kept (older ones may still be returned; attention masks them). `rate` r > 1
-    marks a stream of one entry per r tokens (compressed entries): a step that computes tokens
-    [start, end) appends exactly the entries end // r - start // r.
-
-    `layer_cache` is a dict (the reference cache, one contiguous tensor per stream) or a paged view
-    (dayzero.cache.paged), which stores entries in the block pool's pages and returns every row of a
-    batch right-aligned, padded on the left; `cache_lens` then gives each row's real length. With
-    read=False a paged cache only writes (returns None): read the entries needed with `cache_select`."""
-    if layer_cache is None:
-        return new
-    if not isinstance(layer_cache, dict):
-        return layer_cache.append(name, new, window, rate, read)
-    full = new if name not in layer_cache else torch.cat([layer_cache[name], new], dim=1)
-    keep = full.shape[1] if window is None else min(full.shape[1], window - 1)
-    layer_cache[name] = full[:, full.shape[1] - keep:]
-    return full
-
-
-def cache_select(layer_cache, name: str, entries: torch.Tensor | None, indices: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The entries at per-query indices [B, T, K] (into what cache_append returns; -1 = none) as a
-    compact [B, T*K, ...] tensor, and the indices into it ([B, T, K], -1 kept). A paged cache reads
-    only these entries through its page table (decode of sparse attention); otherwise they are
-    taken from `entries`, what cache_append returned."""
-    b, t, k = indices.shape
-    flat = indices.reshape(b, t * k).clamp(min=0)
-    if layer_cache is not None and not isinstance(layer_cache, dict):
-        picked = layer_cache.select(name, flat)
-    else:
-        picked = torch.gather(entries, 1, flat.view(b, t * k, *[1] * (entries.dim() - 2)).expand(-1, -1, *entries.shape[2:]))
-    local = torch.arange(t * k, device=indices.device).view(1, t, k).expand(b, t, k)
-    return picked, local.masked_fill(indices < 0, -1)
-
-
-def cache_lens(layer_cache, name: str) -> torch.Tensor | None:
-    """int [B]: how many of the entries `cache_append` returned for `name` are real in each row
-    (right-aligned), or None when no row is padded. Attention ops take it as `kv_lens`."""
-    if layer_cache is None or isinstance(layer_cache, dict):
-        return None
-    return layer_cache.lens(name)
-
-
 class CausalLM(nn.Module):
     """Base of every model file. Subclasses set `model_types` and implement `forward`."""
 
@@ -135,12 +91,25 @@ class CausalLM(nn.Module):
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.spec = spec
-        self.config = config
+        self.config = resolve_config(config)  # the reference's defaults filled in (dayzero.spec.DEFAULTS)
         self.dtype = dtype
         self.device_ = torch.device(device)
 
-    def new_cache(self, batch: int = 1) -> KVCache:
-        return KVCache(self.spec.num_layers, batch)
+    def new_cache(self, batch: int = 1, kv_cache_dtype: str = "auto"):
+        return LocalCache(self, batch, kv_cache_dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
+        """The batched form (module docstring); a 1-D input_ids is the packed form."""
+        if input_ids.dim() == 1:
+            return self.forward_packed(input_ids, positions, cache)
+        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
+        b, t = input_ids.shape
+        local = cache if cache is not None else self.new_cache(b)
+        logits = self.forward_packed(input_ids.reshape(-1), positions.reshape(-1), local.step(t))
+        return logits.view(b, t, -1)
+
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} does not implement the packed forward")
 
     def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
         return collect_weight_targets(self, prefix)
@@ -149,11 +118,15 @@ class CausalLM(nn.Module):
         """Regexes of checkpoint tensors to skip; a model may compute them from its config."""
         return self.ignore_unexpected
 
+    def layouts(self) -> tuple[Layout, ...]:
+        """The tensor layouts this model loads, tried in order: the release first."""
+        return (RELEASE,)
+
     def post_load(self) -> None:
         """Called once every weight is in place (precompute derived tensors here)."""
 
     @staticmethod
-    def check_inputs(input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None, vocab_size: int) -> None:
+    def check_inputs(input_ids: torch.Tensor, positions: torch.Tensor, cache, vocab_size: int) -> None:
         if input_ids.dim() != 2 or positions.shape != input_ids.shape:
             raise ValueError(
                 f"input_ids and positions must both be [batch, tokens]; got {tuple(input_ids.shape)} and {tuple(positions.shape)}"

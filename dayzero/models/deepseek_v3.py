@@ -29,21 +29,29 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, cache_lens, cache_select, copy_target,
-                                  empty_param)
+from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.spec import ModelSpec, UnsupportedModelError
+from dayzero.spec import DEEPSEEK_ROPE_THETA, AttentionSpec, ModelSpec
+from dayzero.weights import Chunk, Layout, Rename, Unstack
 
 FP8_BLOCK = (128, 128)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 INDEXER_NORM_EPS = 1e-6
-QUERY_BLOCK = 1024  # DSA queries scored and attended per block (scores are [block, keys] per indexer head)
 
-
-def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
-    return UnsupportedModelError(field, value, supported, f"config.json ({config.get('model_type')})")
+# Tensor layouts (dayzero.weights.layouts). transformers' save_pretrained writes the release names;
+# its in-memory names (save_original_format=False) stack each layer's routed experts: gate_up_proj
+# [E, 2I, H] (gate rows first), down_proj [E, H, I], FP8 scales `{..}_scale_inv` the same way.
+LAYOUTS = (
+    Layout("release", "model.layers.N.mlp.experts.J.gate_proj.weight; also what transformers' save_pretrained writes"),
+    Layout("transformers in-memory", "model.layers.N.mlp.experts.gate_up_proj", (
+        Unstack(r"\.mlp\.experts\.(gate_up_proj|down_proj)(_scale_inv)?$", r".mlp.experts.{i}.\1\2"),
+        Chunk(r"\.experts\.(\d+)\.gate_up_proj(_scale_inv)?$",
+              (r".experts.\1.gate_proj.weight\2", r".experts.\1.up_proj.weight\2")),
+        Rename(r"\.experts\.(\d+)\.down_proj(_scale_inv)?$", r".experts.\1.down_proj.weight\2"),
+    )),
+)
 
 
 class _Formats:
@@ -53,10 +61,6 @@ class _Formats:
         self.dense = spec.quant.dense_format
         qc = config.get("quantization_config") or {}
         self.skip = tuple(qc.get("modules_to_not_convert") or ())
-        if self.dense not in ("bf16", "fp8"):
-            raise _unsupported(config, "quantization_config.quant_method", spec.quant.method, ("fp8", None))
-        if spec.quant.method == "fp8" and tuple(spec.quant.fp8_block or ()) != FP8_BLOCK:
-            raise _unsupported(config, "quantization_config.weight_block_size", spec.quant.fp8_block, (list(FP8_BLOCK),))
 
     def of(self, name: str) -> str:
         return "bf16" if any(s and s in name for s in self.skip) else self.dense
@@ -76,12 +80,10 @@ def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
 class Indexer(nn.Module):
     """DSA lightning indexer: checkpoint names `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`."""
 
-    def __init__(self, config: dict, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, fmts: _Formats, prefix: str, dtype, device):
         super().__init__()
-        hidden, q_rank = config["hidden_size"], config["q_lora_rank"]
-        self.heads, self.head_dim = int(config.get("index_n_heads", 64)), int(config.get("index_head_dim", 128))
-        self.rope_dim = int(config["qk_rope_head_dim"])
-        self.topk = int(config.get("index_topk", 2048))
+        q_rank = a.q_lora_rank
+        self.heads, self.head_dim, self.rope_dim, self.topk = a.index_n_heads, a.index_head_dim, a.qk_rope_head_dim, a.index_topk
         self.wq_b = _linear(fmts, prefix + "wq_b", q_rank, self.heads * self.head_dim, dtype, device)
         self.wk = _linear(fmts, prefix + "wk", hidden, self.head_dim, dtype, device)
         self.k_norm = nn.Module()
@@ -96,31 +98,23 @@ class Indexer(nn.Module):
         return torch.cat([rot, x[..., self.rope_dim:]], dim=-1)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [B, T, hidden] -> rotated index keys [B, T, head_dim]."""
-        b, t, _ = x.shape
+        """x [N, hidden] -> rotated index keys [N, head_dim]."""
         k = ops.layer_norm(self.wk(x), self.k_norm.weight, self.k_norm.bias, INDEXER_NORM_EPS)
-        return self._rotate(k.reshape(b * t, -1), cos, sin).view(b, t, -1)
+        return self._rotate(k, cos, sin)
 
-    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys: torch.Tensor, cos, sin,
-               kv_lens: torch.Tensor | None = None) -> torch.Tensor:
-        """Top-k key indices [B, T, topk] (-1 padded) for the T queries over all cached `keys`."""
-        b, t, _ = x.shape
-        q = self.wq_b(q_latent).view(b * t, self.heads, self.head_dim)
-        q = self._rotate(q, cos, sin).view(b, t, self.heads, self.head_dim)
+    def select(self, x: torch.Tensor, q_latent: torch.Tensor, keys, cos, sin, seqs) -> torch.Tensor:
+        """Top-k key positions int32 [N, topk] (-1 padded) of each query among its sequence's keys."""
+        q = self._rotate(self.wq_b(q_latent).view(x.shape[0], self.heads, self.head_dim), cos, sin)
         weights = self.weights_proj(x.float()) * self.heads**-0.5
-        scores = ops.lightning_indexer(q, keys, weights, self.head_dim**-0.5)
-        return ops.topk_select(scores, self.topk, kv_lens)
+        return ops.paged_index_topk(q, weights, keys, self.head_dim**-0.5, self.topk, seqs)
 
 
 class MLAttention(nn.Module):
-    def __init__(self, config: dict, fmts: _Formats, prefix: str, dtype, device, *, dsa: bool):
+    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: _Formats, prefix: str, dtype, device):
         super().__init__()
-        hidden = config["hidden_size"]
-        self.heads = int(config["num_attention_heads"])
-        self.nope, self.rope_dim = int(config["qk_nope_head_dim"]), int(config["qk_rope_head_dim"])
-        self.v_dim, self.rank = int(config["v_head_dim"]), int(config["kv_lora_rank"])
-        self.q_rank = config.get("q_lora_rank")
-        bias = bool(config.get("attention_bias", False))
+        dsa = a.kind == "dsa"
+        self.heads, self.nope, self.rope_dim = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+        self.v_dim, self.rank, self.q_rank, bias = a.v_head_dim, a.kv_lora_rank, a.q_lora_rank, a.bias
         qk_dim = self.nope + self.rope_dim
         if self.q_rank is None:
             self.q_proj = _linear(fmts, prefix + "q_proj", hidden, self.heads * qk_dim, dtype, device)
@@ -133,8 +127,8 @@ class MLAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, device)
         self.kv_b_proj = _linear(fmts, prefix + "kv_b_proj", self.rank, self.heads * (self.nope + self.v_dim), dtype, device)
         self.o_proj = _linear(fmts, prefix + "o_proj", self.heads * self.v_dim, hidden, dtype, device, bias)
-        self.indexer = Indexer(config, fmts, prefix + "indexer.", dtype, device) if dsa else None
-        self.interleaved = bool(config.get("rope_interleave", True)) or dsa
+        self.indexer = Indexer(a, hidden, fmts, prefix + "indexer.", dtype, device) if dsa else None
+        self.interleaved = bool(config["rope_interleave"]) or dsa
         self.scale = qk_dim**-0.5 * _softmax_mscale(config) ** 2
 
     def post_load(self) -> None:
@@ -144,55 +138,31 @@ class MLAttention(nn.Module):
         self.register_buffer("w_uk", w[:, : self.nope].contiguous(), persistent=False)
         self.register_buffer("w_uv", w[:, self.nope:].contiguous(), persistent=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]. Cache streams: "kv_latent" [C],
+        "k_pe" [Dr] and, with DSA, "index_k" [index_head_dim]."""
+        n = x.shape[0]
         if self.q_rank is None:
             q_latent, q = None, self.q_proj(x)
         else:
             q_latent = self.q_a_layernorm(self.q_a_proj(x))
             q = self.q_b_proj(q_latent)
-        q = q.view(b * t, self.heads, self.nope + self.rope_dim)
-        q_nope = q[..., : self.nope].reshape(b, t, self.heads, self.nope)
-        q_pe = ops.rope(q[..., self.nope:], cos, sin, interleaved=self.interleaved).view(b, t, self.heads, self.rope_dim)
-
+        q = q.view(n, self.heads, self.nope + self.rope_dim)
+        q_nope = q[..., : self.nope]
+        q_pe = ops.rope(q[..., self.nope:], cos, sin, interleaved=self.interleaved)
         kv = self.kv_a_proj_with_mqa(x)
-        latent = self.kv_a_layernorm(kv[..., : self.rank])
-        k_pe = ops.rope(kv[..., self.rank:].reshape(b * t, self.rope_dim), cos, sin, interleaved=self.interleaved)
-        k_pe = k_pe.view(b, t, self.rope_dim)
-        kv_lens = cache_lens(layer_cache, "kv_latent")
+        latent = cache.append("kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
+        k_pe = cache.append("k_pe", ops.rope(kv[..., self.rank:], cos, sin, interleaved=self.interleaved))
+        seqs = cache.seqs
         if self.indexer is not None:
-            index_keys = cache_append(layer_cache, "index_k", self.indexer.keys(x, cos, sin))
-            if index_keys.shape[1] > self.indexer.topk:  # sparse: only the selected entries are read
-                latent = cache_append(layer_cache, "kv_latent", latent, read=False)
-                k_pe = cache_append(layer_cache, "k_pe", k_pe, read=False)
-                out = self._sparse(x, q_latent, q_nope, q_pe, cos, sin, index_keys, latent, k_pe, kv_lens, layer_cache)
-                return self.o_proj(out.reshape(b, t, -1))
-        latent = cache_append(layer_cache, "kv_latent", latent)
-        k_pe = cache_append(layer_cache, "k_pe", k_pe)
-        out = ops.mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, kv_lens)
-        return self.o_proj(out.reshape(b, t, -1))
-
-    def _sparse(self, x, q_latent, q_nope, q_pe, cos, sin, index_keys, latent, k_pe, kv_lens, layer_cache):
-        """DSA over blocks of at most QUERY_BLOCK queries (block-wise prefill bounds the [queries, keys]
-        score memory); each block sees the keys up to its last query, selects its top-k, and gathers
-        only those latents (through the page table when the cache is paged)."""
-        b, t = x.shape[:2]
-        keys = index_keys.shape[1]
-        cos, sin = cos.view(b, t, -1), sin.view(b, t, -1)
-        outs = []
-        for lo in range(0, t, QUERY_BLOCK):
-            hi = min(lo + QUERY_BLOCK, t)
-            cut = t - hi  # keys after this block's last query
-            lens = None if kv_lens is None else kv_lens - cut
-            rows = slice(lo, hi)
-            selected = self.indexer.select(x[:, rows], q_latent[:, rows], index_keys[:, :keys - cut],
-                                           cos[:, rows].reshape(-1, cos.shape[-1]), sin[:, rows].reshape(-1, sin.shape[-1]),
-                                           lens)
-            picked_latent, local = cache_select(layer_cache, "kv_latent", latent, selected)
-            picked_pe, _ = cache_select(layer_cache, "k_pe", k_pe, selected)
-            outs.append(ops.sparse_mla_attention(q_nope[:, rows], q_pe[:, rows], picked_latent, picked_pe, self.w_uk,
-                                                 self.w_uv, self.scale, local))
-        return torch.cat(outs, dim=1)
+            index_keys = cache.append("index_k", self.indexer.keys(x, cos, sin))
+            if seqs.max_seq_len > self.indexer.topk:  # sparse; below, every key is selected: dense MLA is the same
+                selected = self.indexer.select(x, q_latent, index_keys, cos, sin, seqs)
+                out = ops.paged_sparse_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, seqs,
+                                                     selected)
+                return self.o_proj(out.reshape(n, -1))
+        out = ops.paged_mla_attention(q_nope, q_pe, latent, k_pe, self.w_uk, self.w_uv, self.scale, seqs)
+        return self.o_proj(out.reshape(n, -1))
 
 
 def _softmax_mscale(config: dict) -> float:
@@ -281,10 +251,10 @@ class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec, config: dict, fmts: _Formats, index: int, dtype, device):
         super().__init__()
         prefix = f"model.layers.{index}."
-        eps = float(config.get("rms_norm_eps", 1e-6))
+        eps = float(config["rms_norm_eps"])
         layer = spec.layers[index]
         self.input_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
-        self.self_attn = MLAttention(config, fmts, prefix + "self_attn.", dtype, device, dsa=layer.attention.kind == "dsa")
+        self.self_attn = MLAttention(layer.attention, spec.hidden_size, config, fmts, prefix + "self_attn.", dtype, device)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
         if layer.mlp.kind == "moe":
             self.mlp = MoE(spec, fmts, prefix + "mlp.", dtype, device)
@@ -296,79 +266,52 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def _check_config(spec: ModelSpec, config: dict) -> None:
-    """Raise UnsupportedModelError for a config value this file does not compute as transformers does."""
-    if config.get("scoring_func", "sigmoid") != "sigmoid":
-        raise _unsupported(config, "scoring_func", config["scoring_func"], ("sigmoid",))
-    if config.get("topk_method", "noaux_tc") != "noaux_tc":
-        raise _unsupported(config, "topk_method", config["topk_method"], ("noaux_tc",))
-    heads = config["num_attention_heads"]
-    if (config.get("num_key_value_heads") or heads) != heads:
-        raise _unsupported(config, "num_key_value_heads", config["num_key_value_heads"], (heads,))
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type")) or "default"
-    if kind not in ("default", "yarn"):
-        raise _unsupported(config, "rope_scaling.type", kind, ("default", "yarn"))
-    e = spec.experts
-    if e is not None:
-        if e.format not in ("bf16", "fp8"):
-            raise _unsupported(config, "quantization_config (routed experts)", e.format, ("bf16", "fp8"))
-        if e.format == "fp8" and e.intermediate_size % FP8_BLOCK[0]:
-            # gate and up rows stack into w13; their 128-row scale blocks must not straddle the seam
-            raise _unsupported(config, "moe_intermediate_size", e.intermediate_size, ("a multiple of 128 (FP8 experts)",))
-        if e.num % e.routing.n_group:
-            raise _unsupported(config, "n_group", e.routing.n_group, (f"a divisor of n_routed_experts={e.num}",))
-        if e.routing.topk_group < e.routing.n_group and e.num // e.routing.n_group < 2:
-            raise _unsupported(config, "n_group", e.routing.n_group, ("at most n_routed_experts / 2",))
-    if spec.text_model_type == "deepseek_v32":
-        if config.get("q_lora_rank") is None:
-            raise _unsupported(config, "q_lora_rank", None, ("an integer (the indexer reads the q latent)",))
-        if int(config.get("index_head_dim", 128)) < int(config["qk_rope_head_dim"]):
-            raise _unsupported(config, "index_head_dim", config.get("index_head_dim"), (">= qk_rope_head_dim",))
-
-
 @register_model
 class DeepseekV3ForCausalLM(CausalLM):
     model_types = ("deepseek_v3", "kimi_k2")
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        _check_config(spec, config)
+        config = self.config
         fmts = _Formats(spec, config)
         rope = config.get("rope_parameters") or config.get("rope_scaling")
-        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
-        self.rope = rope_from_config(rope, int(config["qk_rope_head_dim"]), theta, config.get("max_position_embeddings"))
+        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
+        self.rope = rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.model.layers = nn.ModuleList(
             DecoderLayer(spec, config, fmts, i, dtype, device) for i in range(spec.num_layers)
         )
-        self.model.norm = RMSNorm(spec.hidden_size, float(config.get("rms_norm_eps", 1e-6)), dtype, device)
+        self.model.norm = RMSNorm(spec.hidden_size, float(config["rms_norm_eps"]), dtype, device)
         if not spec.tie_word_embeddings:
             self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
 
+    def layouts(self) -> tuple[Layout, ...]:
+        return LAYOUTS
+
     def ignore_patterns(self) -> tuple[str, ...]:
-        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers)."""
+        """The multi-token-prediction layers ship as model.layers.{n}, {n+1}, ... (n = num_hidden_layers).
+        With n_shared_experts 0 transformers builds (and saves) zero-width shared experts, which add nothing."""
         n = self.spec.num_layers
-        return tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+        patterns = tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
+        if self.spec.experts is not None and not self.spec.experts.num_shared:
+            patterns += (r"\.mlp\.shared_experts\.",)
+        return patterns
 
     def post_load(self) -> None:
         for layer in self.model.layers:
             layer.self_attn.post_load()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
-        b, t = input_ids.shape
-        cos, sin = self.rope.cos_sin(positions.reshape(b * t))
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        cos, sin = self.rope.cos_sin(positions)
         x = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, None if cache is None else cache.layers[i])
+            x = layer(x, cos, sin, cache.layers[i])
+        if cache.logits_indices is not None:
+            x = x[cache.logits_indices]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        logits = ops.linear(x, head).float()
-        if cache is not None:
-            cache.length += t
-        return logits
+        return ops.linear(x, head).float()
 
 
 @register_model

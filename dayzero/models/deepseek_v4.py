@@ -15,11 +15,15 @@ The final hyper-head collapses the streams before `norm` and `head`.
 
 Cache per layer (`cache.layers[i]`): stream "window" (rotated keys, windowed: the last
 sliding_window - 1 are kept); per compressor (attention "comp_", indexer "index_"): stream "entries"
-(one compressed entry per ratio tokens) and states "pending_kv"/"pending_gate" [B, ratio, C] (the
+(one compressed entry per ratio tokens) and states "pending_kv"/"pending_gate" [ratio, C] (the
 unfinished window's projected tokens, position % ratio of them valid) and for CSA "prev_kv"/"prev_gate"
-[B, ratio, C] (the last complete window: its Ca half overlaps the next entry; gate -inf before one
-exists). In a batched decode step rows sit at different positions; the runner groups rows so that
-all or none of a call's rows complete a compressed window.
+[ratio, C] (the last complete window: its Ca half overlaps the next entry; gate -inf before one
+exists), per sequence.
+
+The packed step runs attention on [B, T] blocks (`_GroupCache`): consecutive sequences that compute
+the same number of tokens from the same position (prefill chunks), or one token each and complete
+compressed windows of the same ratios (decodes), and are all fresh or all not. The window keys and
+compressed entries a block reads are gathered per sequence (these ops have no paged kernels yet).
 """
 
 from __future__ import annotations
@@ -32,14 +36,61 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, cache_append, cache_lens, copy_target, empty_param
+from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import Rope, rope_from_config
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
-from dayzero.spec import LayerSpec, ModelSpec, UnsupportedModelError
-from dayzero.weights import TensorSpec
+from dayzero.spec import LayerSpec, ModelSpec
+from dayzero.weights import Chunk, Layout, Rename, TensorSpec, Unstack
 
 FP4_BLOCK = 32  # values per E8M0 scale along K
+
+# Tensor layouts (dayzero.weights.layouts), each mapped onto the release names above.
+# transformers' save_pretrained writes the release names under `model.`, except the embedding,
+# the hyper-head and the final norm; its in-memory names (save_original_format=False) are its
+# module tree: self_attn / mlp, q_a_proj ..., attn_hc.fn, the CSA indexer inside the compressor,
+# routed experts stacked as gate_up_proj [E, 2I, H] (w1 rows, then w3) and down_proj [E, H, I].
+# Its FP8 quantizer names block scales `weight_scale_inv`, the release `scale`. (Its load renames
+# every `.norm.` to `.kv_norm.`, so its save turns the release's `attn.kv_norm` into `attn.norm`.)
+_TRANSFORMERS_TOP = (
+    Rename(r"\.attn\.norm\.weight$", ".attn.kv_norm.weight"),
+    Rename(r"^model\.embed_tokens\.", "embed."),
+    Rename(r"^model\.hc_head\.hc_(fn|base|scale)$", r"hc_head_\1"),
+    Rename(r"^model\.", ""),
+    Rename(r"^lm_head\.", "head."),
+    Rename(r"\.weight_scale_inv$", ".scale"),
+)
+LAYOUTS = (
+    Layout("release", "embed.weight, layers.N.attn.wq_a.weight, hc_head_fn"),
+    Layout("transformers", "model.embed_tokens.weight, model.layers.N.attn.wq_a.weight, model.hc_head.hc_fn",
+           _TRANSFORMERS_TOP),
+    Layout("transformers in-memory", "model.layers.N.self_attn.q_a_proj.weight, model.layers.N.attn_hc.fn", (
+        *_TRANSFORMERS_TOP,
+        Rename(r"\.(attn|ffn)_hc\.(fn|base|scale)$", r".hc_\1_\2"),
+        Rename(r"\.self_attn\.compressor\.indexer\.scorer\.", ".attn.indexer."),
+        Rename(r"\.self_attn\.compressor\.indexer\.q_b_proj\.", ".attn.indexer.wq_b."),
+        Rename(r"\.self_attn\.compressor\.indexer\.", ".attn.indexer.compressor."),
+        Rename(r"\.self_attn\.", ".attn."),
+        Rename(r"\.mlp\.", ".ffn."),
+        Rename(r"\.input_layernorm\.", ".attn_norm."),
+        Rename(r"\.post_attention_layernorm\.", ".ffn_norm."),
+        Rename(r"\.sinks$", ".attn_sink"),
+        Rename(r"\.q_a_norm\.", ".q_norm."),
+        Rename(r"\.compressor\.kv_norm\.", ".compressor.norm."),
+        Rename(r"\.position_bias$", ".ape"),
+        Rename(r"\.compressor\.gate_proj\.", ".compressor.wgate."),
+        Rename(r"\.shared_experts\.gate_proj\.", ".shared_experts.w1."),
+        Rename(r"\.shared_experts\.down_proj\.", ".shared_experts.w2."),
+        Rename(r"\.shared_experts\.up_proj\.", ".shared_experts.w3."),
+        *(Rename(rf"\.{ours}\.", f".{theirs}.") for ours, theirs in (
+            ("q_a_proj", "wq_a"), ("q_b_proj", "wq_b"), ("kv_proj", "wkv"), ("o_a_proj", "wo_a"), ("o_b_proj", "wo_b"))),
+        Rename(r"\.gate\.e_score_correction_bias$", ".gate.bias"),
+        Unstack(r"\.experts\.(gate_up_proj|down_proj)(_scale_inv|_scale)?$", r".experts.{i}.\1\2"),
+        Chunk(r"\.experts\.(\d+)\.gate_up_proj(_scale_inv|_scale)?$", (r".experts.\1.w1.weight\2", r".experts.\1.w3.weight\2")),
+        Rename(r"\.experts\.(\d+)\.down_proj(_scale_inv|_scale)?$", r".experts.\1.w2.weight\2"),
+        Rename(r"\.weight_scale(_inv)?$", ".scale"),
+    )),
+)
 
 
 class LinearFactory:
@@ -141,7 +192,7 @@ class Compressor(nn.Module):
         state[key + "pending_kv"], state[key + "pending_gate"] = pending_kv, pending_gate
         if self.overlap:
             state[key + "prev_kv"], state[key + "prev_gate"] = prev
-        return cache_append(state, key + "entries", new, rate=self.ratio)
+        return state.append(key + "entries", new, rate=self.ratio)
 
     def _one_token(self, kv, gate, pending_kv, pending_gate, prev, starts, rope):
         """One token per row at positions `starts` [B]: it joins its row's pending window; rows whose
@@ -184,7 +235,7 @@ class Indexer(nn.Module):
     def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict) -> torch.Tensor:
         keys = self.compressor(x, rope, state, "index_", positions)
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
-        scores = ops.v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio, cache_lens(state, "index_entries"))
+        scores = ops.v4_indexer(q, keys, self.weights_proj(x), positions, self.ratio, state.lens("index_entries"))
         return ops.v4_topk_select(scores, self.topk)
 
 
@@ -210,21 +261,31 @@ class Attention(nn.Module):
             self.indexer = Indexer(hidden, a.q_lora_rank, a.index_n_heads, a.index_head_dim, a.index_topk,
                                    a.compress_ratio, eps, linear, dtype, device)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, state: dict) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, cache) -> torch.Tensor:
+        """x [1, N, hidden], positions [1, N]: the step's packed tokens, run block by block."""
+        group_cache = _GroupCache(cache, self.ratio)
+        outs = []
+        for rows, shape, view in group_cache.groups():
+            outs.append(self._attend(x[0, rows].view(*shape, -1), positions[0, rows].view(shape), rope, view).flatten(0, 1))
+        group_cache.commit()
+        return torch.cat(outs)[None] if len(outs) > 1 else outs[0][None]
+
+    def _attend(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, state) -> torch.Tensor:
+        """x [B, T, hidden] of one block of sequences (module docstring)."""
         cos, sin = rope.cos_sin(positions)
         q_latent = self.q_norm(self.wq_a(x))
         q = self.wq_b(q_latent).unflatten(-1, (self.heads, self.head_dim))
         q = rope_tail(ops.rms_norm(q, self.unit_weight, self.eps), cos, sin)
         kv = rope_tail(self.kv_norm(self.wkv(x)), cos, sin)
-        keys = cache_append(state, "window", kv, self.window)
+        keys = state.append("window", kv, self.window)
         compressed = indices = None
         if self.kind in ("csa", "hca"):
             compressed = self.compressor(x, rope, state, "comp_", positions)
         if self.kind == "csa":
             indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
         out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
-                                   positions, self.ratio, cache_lens(state, "window"),
-                                   None if compressed is None else cache_lens(state, "comp_entries"))
+                                   positions, self.ratio, state.lens("window"),
+                                   None if compressed is None else state.lens("comp_entries"))
         out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
         return self.wo_b(self.wo_a(out.unflatten(2, (self.wo_a.groups, -1)).flatten(3)))
 
@@ -352,41 +413,6 @@ class Block(nn.Module):
         return ops.hyper_connection_post(self.ffn(self.ffn_norm(x), token_ids), streams, post, comb)
 
 
-def _check_supported(spec: ModelSpec, config: dict) -> None:
-    where = spec.source or "config.json"
-
-    def require(field: str, ok: bool, supported: tuple) -> None:
-        if not ok:
-            raise UnsupportedModelError(field, config.get(field), supported, where)
-
-    require("num_key_value_heads", int(config.get("num_key_value_heads", 1)) == 1, (1,))
-    require("attention_bias", not config.get("attention_bias", False), (False,))
-    require("mlp_bias", not config.get("mlp_bias", False), (False,))
-    require("hidden_act", config.get("hidden_act", "silu") == "silu", ("silu",))
-    require("scoring_func", config.get("scoring_func", "sqrtsoftplus") == "sqrtsoftplus", ("sqrtsoftplus",))
-    require("norm_topk_prob", bool(config.get("norm_topk_prob", True)), (True,))  # transformers always normalises
-    require("n_shared_experts", int(config.get("n_shared_experts", 1) or 0) == 1, (1,))
-    require("tie_word_embeddings", not spec.tie_word_embeddings, (False,))
-    require("sliding_window", int(config.get("sliding_window", 128)) >= 1, ("an integer >= 1",))
-    if spec.quant.expert_format not in MOE_EXPERT_OPS:
-        raise UnsupportedModelError("expert_dtype", spec.quant.expert_format, tuple(MOE_EXPERT_OPS), where)
-    if spec.quant.dense_format not in ("fp8", "bf16"):
-        raise UnsupportedModelError("quantization_config", spec.quant.dense_format, ("fp8", "bf16"), where)
-    block = tuple(spec.quant.fp8_block or (128, 128))
-    a = spec.layers[0].attention
-    require("o_groups", (a.num_heads * a.head_dim) % a.o_groups == 0, ("a divisor of num_attention_heads * head_dim",))
-    if spec.quant.dense_format == "fp8":
-        require("o_lora_rank", a.o_groups == 1 or a.o_lora_rank % block[0] == 0, (f"a multiple of {block[0]} (FP8 block rows)",))
-    if spec.quant.expert_format == "fp8":
-        require("moe_intermediate_size", spec.experts.intermediate_size % block[0] == 0, (f"a multiple of {block[0]}",))
-    if spec.quant.expert_format == "mxfp4":
-        require("moe_intermediate_size", spec.experts.intermediate_size % FP4_BLOCK == 0, (f"a multiple of {FP4_BLOCK}",))
-        require("hidden_size", spec.hidden_size % FP4_BLOCK == 0, (f"a multiple of {FP4_BLOCK}",))
-    for layer in spec.layers:
-        if layer.attention.kind not in ("swa", "csa", "hca"):
-            raise UnsupportedModelError("layer_types", layer.attention.kind, ("swa", "csa", "hca"), where)
-
-
 def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
     """(main, compress): plain RoPE with rope_theta for window-only layers; compressed layers use
     compress_rope_theta with the config's scaling (YaRN) and no cos/sin scaling."""
@@ -408,10 +434,13 @@ class DeepseekV4ForCausalLM(CausalLM):
     model_types = ("deepseek_v4",)
     ignore_unexpected = (r"^mtp\.",)
 
+    def layouts(self) -> tuple[Layout, ...]:
+        return LAYOUTS
+
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        _check_supported(spec, config)
-        hidden, eps = spec.hidden_size, float(config.get("rms_norm_eps", 1e-6))
+        config = self.config
+        hidden, eps = spec.hidden_size, float(config["rms_norm_eps"])
         linear = LinearFactory(spec, dtype, device)
         cross = spec.cross_layer
         self.hc = (cross.hc_sinkhorn_iters, cross.hc_eps, eps)
@@ -425,15 +454,99 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.hc_head_scale = empty_param((1,), torch.float32, device)
         self.rope_main, self.rope_compress = _ropes(config, spec.layers[0].attention.qk_rope_head_dim)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
-        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
-        x = self.embed(input_ids)
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        ids, positions = input_ids[None], positions[None]  # the blocks below are token-local: one row of N tokens
+        x = self.embed(ids)
         streams = x.unsqueeze(2).expand(-1, -1, self.spec.cross_layer.hc_mult, -1).contiguous()
         for i, block in enumerate(self.layers):
             rope = self.rope_main if block.attn.kind == "swa" else self.rope_compress
-            state = cache.layers[i] if cache is not None else {}
-            streams = block(streams, input_ids, positions, rope, state, self.hc)
+            streams = block(streams, ids, positions, rope, cache.layers[i], self.hc)
+        streams = streams[0]
+        if cache.logits_indices is not None:
+            streams = streams[cache.logits_indices]
         x = ops.hyper_connection(streams, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, *self.hc)[0]
-        if cache is not None:
-            cache.length += input_ids.shape[1]
         return self.head(self.norm(x)).float()
+
+
+def _right_aligned(rows: list[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """rows [n_b, *entry] -> ([B, max n, *entry] right-aligned, each row padded on the left with its
+    first entry so that padding is finite; int64 lens [B], or None when no row is padded)."""
+    width = max(r.shape[0] for r in rows)
+    if width == 0:
+        return like.new_zeros((len(rows), 0, *like.shape[2:])), None
+    padded = [r if r.shape[0] == width else torch.cat([r[:1].expand(width - r.shape[0], *r.shape[1:]) if r.shape[0]
+                                                       else r.new_zeros((width, *r.shape[1:])), r]) for r in rows]
+    lens = [r.shape[0] for r in rows]
+    if all(n == width for n in lens):
+        return torch.stack(padded), None
+    return torch.stack(padded), torch.tensor(lens, device=like.device)
+
+
+class _GroupCache:
+    """A layer's paged view seen as [B, T] blocks of sequences (module docstring): `groups()` yields
+    (token rows, (B, T), view) per block; a view's `append(name, new [B, n, *entry])` returns the
+    block's entries right-aligned [B, S, *entry] (its window or all its compressed entries, this
+    step's included) and defers the write; states read and write the block's rows. `commit()` writes
+    every stream's new entries (sequence order) and every state once."""
+
+    def __init__(self, cache, ratio: int):
+        self.cache, self.ratio, self.seqs = cache, ratio, cache.seqs
+        self.probing = not hasattr(cache, "meta")  # probe_layout's recording cache: write through at once
+        self.new: dict[str, list[torch.Tensor]] = {}
+        self.states: dict[str, list[torch.Tensor]] = {}
+
+    def groups(self):
+        seqs = self.seqs
+        fresh = (True,) * seqs.num_seqs if self.probing else self.cache.meta.fresh
+        rates = (self.ratio,) if (self.ratio or 0) > 1 else ()
+        keys = []
+        for b, (ctx, t) in enumerate(zip(seqs.context_lens, seqs.query_lens)):
+            done = tuple((ctx + t) // r - ctx // r for r in rates)
+            keys.append((t, ctx if t > 1 else done, fresh[b]))
+        first = 0
+        for b in range(1, seqs.num_seqs + 1):
+            if b == seqs.num_seqs or keys[b] != keys[first]:
+                rows = slice(seqs.query_start_host[first], seqs.query_start_host[b])
+                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2])
+                first = b
+
+    def commit(self) -> None:
+        for name, parts in self.new.items():
+            self.cache.append(name, torch.cat([p.flatten(0, 1) for p in parts]))
+        for name, parts in self.states.items():
+            self.cache[name] = torch.cat(parts)
+
+
+class _BlockView:
+    def __init__(self, owner: _GroupCache, first: int, end: int, fresh: bool):
+        self.owner, self.first, self.end, self.fresh = owner, first, end, fresh
+        self._lens: dict[str, torch.Tensor | None] = {}
+
+    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
+        if self.owner.probing:
+            self.owner.cache.append(name, new.flatten(0, 1), window, rate)
+            return new
+        self.owner.new.setdefault(name, []).append(new)
+        stream, seqs = self.owner.cache.stream(name), self.owner.seqs
+        rows = []
+        for i, b in enumerate(range(self.first, self.end)):
+            ctx = seqs.context_lens[b]
+            lo = 0 if window is None else max(0, ctx - (window - 1)) // rate
+            rows.append(torch.cat([stream.gather(b, lo, ctx // rate).to(new.dtype), new[i]]))
+        entries, self._lens[name] = _right_aligned(rows, new)
+        return entries
+
+    def lens(self, name: str) -> torch.Tensor | None:
+        return self._lens.get(name)
+
+    def get(self, name: str, default=None):
+        if self.fresh:
+            return default
+        value = self.owner.cache.get(name)
+        return default if value is None else value[self.first:self.end]
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        if self.owner.probing:
+            self.owner.cache[name] = value
+        else:
+            self.owner.states.setdefault(name, []).append(value)

@@ -2,7 +2,7 @@
 softmax-routed MoE of clamped-SwiGLU experts with biases, shipped in MXFP4.
 
 One decoder layer:
-    h = h + o_proj(gqa_attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n), window, sinks)),  n = norm(h)
+    h = h + o_proj(paged_gqa_attention(rope(q_proj(n)), rope(k_proj(n)), v_proj(n), window, sinks)),  n = norm(h)
     h = h + sum_k w_k expert_k(n),  n = norm(h);  (ids, w) = top-k of router(n), softmax over those k
     expert(x) = down(swiglu_clamped(gate(x), up(x)))
 `layer_types[i]` is "sliding_attention" (window `sliding_window`) or "full_attention". Every
@@ -27,20 +27,14 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.mxfp4 import BLOCK_SIZE
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, KVCache, WeightTarget, cache_append, cache_lens, empty_param
+from dayzero.models.base import CausalLM, WeightTarget, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config
-from dayzero.ops.attention_gqa import gqa_attention
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
-from dayzero.spec import ModelSpec, UnsupportedModelError
+from dayzero.spec import GPT_OSS_ROPE_THETA, ModelSpec, UnsupportedModelError
 from dayzero.weights import FLOAT_DTYPES, TensorSpec
 
-EXPERT_FORMATS = ("mxfp4", "bf16")
-# transformers' GptOssConfig rope when a config names none (the published checkpoints' values)
-DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
-                "original_max_position_embeddings": 4096}
-DEFAULT_ROPE_THETA = 150000.0
 
 
 def _gate_up_to_w13(t: torch.Tensor) -> torch.Tensor:
@@ -118,7 +112,7 @@ class GptOssMLP(nn.Module):
 
 
 class GptOssAttention(nn.Module):
-    """Cache streams per layer: "k", "v" [B, S, kv_heads, head_dim], rotated keys and values; a
+    """Cache streams per layer: "k", "v", entries [kv_heads, head_dim] (rotated keys, values); a
     sliding layer's streams are windowed (only the window - 1 keys the next token can see are kept)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, window: int | None, dtype, device):
@@ -130,16 +124,15 @@ class GptOssAttention(nn.Module):
         self.o_proj = Linear(heads * head_dim, hidden, bias=bias, dtype=dtype, device=device)
         self.sinks = empty_param((heads,), torch.float32, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = ops.rope(self.q_proj(x).reshape(b * t, self.heads, self.head_dim), cos, sin, interleaved=False)
-        k = ops.rope(self.k_proj(x).reshape(b * t, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
-        q, k = q.reshape(b, t, self.heads, -1), k.reshape(b, t, self.kv_heads, -1)
-        v = self.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim)
-        k = cache_append(cache, "k", k, self.window)
-        v = cache_append(cache, "v", v, self.window)
-        out = gqa_attention(q, k, v, self.head_dim ** -0.5, self.window, self.sinks, cache_lens(cache, "k"))
-        return self.o_proj(out.reshape(b, t, -1))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
+        n = x.shape[0]
+        q = ops.rope(self.q_proj(x).view(n, self.heads, self.head_dim), cos, sin, interleaved=False)
+        k = ops.rope(self.k_proj(x).view(n, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        keys, values = cache.append("k", k, self.window), cache.append("v", v, self.window)
+        out = ops.paged_gqa_attention(q, keys, values, cache.seqs, self.head_dim ** -0.5, self.window, self.sinks)
+        return self.o_proj(out.reshape(n, -1))
 
 
 class GptOssDecoderLayer(nn.Module):
@@ -150,7 +143,7 @@ class GptOssDecoderLayer(nn.Module):
         self.post_attention_layernorm = GptOssRMSNorm(hidden, eps, dtype, device)
         self.mlp = mlp
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: dict | None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -169,27 +162,14 @@ class GptOssForCausalLM(CausalLM):
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
-        where = spec.source or "config.json"
+        config = self.config
         experts = spec.experts
-        if experts.format not in EXPERT_FORMATS:
-            raise UnsupportedModelError("quantization_config.quant_method", spec.quant.method, ("mxfp4", None), where)
-        if spec.quant.dense_format != "bf16":
-            raise UnsupportedModelError("quantization_config.quant_method", spec.quant.method, ("mxfp4", None), where)
-        if experts.format == "mxfp4":
-            for name, size in (("hidden_size", spec.hidden_size), ("intermediate_size", experts.intermediate_size)):
-                if size % BLOCK_SIZE:
-                    raise UnsupportedModelError(name, size, (f"a multiple of {BLOCK_SIZE} (MXFP4 blocks)",), where)
         attn = spec.layers[0].attention
-        if attn.num_kv_heads == 0 or attn.num_heads % attn.num_kv_heads:
-            raise UnsupportedModelError("num_key_value_heads", attn.num_kv_heads,
-                                        (f"a divisor of num_attention_heads={attn.num_heads}",), where)
-        if attn.head_dim % 2:
-            raise UnsupportedModelError("head_dim", attn.head_dim, ("an even number (rope pairs)",), where)
-        self.rope = self._rope(config, attn.head_dim, where)
+        self.rope = self._rope(config, attn.head_dim, spec.source or "config.json")
 
         activation = spec.layers[0].mlp.activation
         act = Activation("swiglu_clamped", limit=activation.limit, alpha=activation.alpha)
-        eps = float(config.get("rms_norm_eps", 1e-5))
+        eps = float(config["rms_norm_eps"])
         hidden = spec.hidden_size
         layers = []
         for layer in spec.layers:
@@ -203,11 +183,8 @@ class GptOssForCausalLM(CausalLM):
 
     @staticmethod
     def _rope(config: dict, head_dim: int, where: str):
-        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or DEFAULT_ROPE)
-        factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        if factor != 1.0:
-            raise UnsupportedModelError("partial_rotary_factor", factor, (1.0,), where)
-        theta = float(params.get("rope_theta", config.get("rope_theta", DEFAULT_ROPE_THETA)))
+        params = dict(config["rope_parameters"])  # transformers' GptOssConfig yarn when a config names none
+        theta = float(params.get("rope_theta", config.get("rope_theta", GPT_OSS_ROPE_THETA)))
         try:
             return rope_from_config(params, head_dim, theta, config.get("max_position_embeddings"))
         except ValueError:
@@ -217,15 +194,13 @@ class GptOssForCausalLM(CausalLM):
     def ignore_patterns(self) -> tuple[str, ...]:
         return (r"^lm_head\.weight$",) if self.lm_head is None else ()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
-        b, t = input_ids.shape
-        cos, sin = self.rope.cos_sin(positions.reshape(-1))
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        cos, sin = self.rope.cos_sin(positions)
         h = self.model.embed_tokens(input_ids)
         for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, None if cache is None else cache.layers[i])
+            h = layer(h, cos, sin, cache.layers[i])
+        if cache.logits_indices is not None:
+            h = h[cache.logits_indices]
         h = self.model.norm(h)
         logits = self.lm_head(h) if self.lm_head is not None else ops.linear(h, self.model.embed_tokens.weight)
-        if cache is not None:
-            cache.length += t
         return logits.float()

@@ -18,9 +18,10 @@ Decoder layer i:  h = x + self_attn(input_layernorm(x));  out = h + MLP(post_att
         experts + routed experts, routed by sigmoid scores with a correction bias (selection only),
         group-limited top-k, renormalised (`moe_renormalize`) and scaled by routed_scaling_factor:
         exactly DeepSeek-V3's noaux_tc router (ops/routing_deepseek.py).
-Cache per layer (`cache.layers[i]`): KDA: `conv_q`, `conv_k`, `conv_v` [B, H*d, K-1] (the last K-1
-projected inputs) and `recurrent` float32 [B, H, d, d], fixed-size; MLA: `kv_latent` [B, S, C] and
-`k_pe` [B, S, Dr] per token.
+Cache per layer (`cache.layers[i]`): KDA: states `conv_q`, `conv_k`, `conv_v` [H*d, K-1] (the last
+K-1 projected inputs) and `recurrent` float32 [H, d, d] per sequence; MLA: streams `kv_latent` [C]
+and `k_pe` [Dr] per token. KDA runs on [B, T] blocks of the packed step: each run of consecutive
+sequences with the same query length (decodes: T = 1, the recurrent form) is one block.
 
 Checkpoint (the released names, as transformers also saves them), per layer `model.layers.{i}.`:
     self_attn.{q,k,v}_proj, self_attn.{q,k,v}_conv1d.weight [H*d, 1, K], self_attn.{f_a,f_b,b,g_a,g_b,o}_proj,
@@ -54,24 +55,51 @@ import torch
 from torch import nn
 
 from dayzero import ops
-from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import (CausalLM, KVCache, WeightTarget, cache_append, cache_lens, collect_weight_targets,
-                                  copy_target, empty_param)
+from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.ops.k3 import SituActivation
 from dayzero.ops.moe import Activation, ExpertWeights
-from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec, UnsupportedModelError
-from dayzero.weights import FLOAT_DTYPES, TensorSpec
+from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec
+from dayzero.weights import FLOAT_DTYPES, Chunk, Layout, Rename, TensorSpec, Unstack
 
 KDA_CHUNK_SIZE = 64  # tokens per chunk of kda_chunk (FLA's chunk_kda)
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm / kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 
-
-def _unsupported(config: dict, field: str, value, supported) -> UnsupportedModelError:
-    return UnsupportedModelError(field, value, supported, f"config.json ({config.get('model_type')})")
+# Tensor layouts (dayzero.weights.layouts), each mapped onto the released names above.
+# transformers' save_pretrained writes those, except that the dense layers' MLP is saved as
+# `block_sparse_moe.{gate,up,down}_proj`; its in-memory names (save_original_format=False) call
+# every MLP `mlp`, hold the KDA gate's f_a/f_b/dt_bias/A_log under `self_attn.forget_gate.`, the
+# three short convolutions as one `self_attn.conv1d.weight` [3 H*d, 1, K] (q, k, v), and stack the
+# routed experts as gate_up_proj [E, 2I, H] (w1 rows, then w3) and down_proj [E, H, I].
+_DENSE_MLP = Rename(r"\.block_sparse_moe\.(gate_proj|up_proj|down_proj)\.", r".mlp.\1.")
+_IN_MEMORY = (
+    Rename(r"\.mlp\.(?!(gate_proj|up_proj|down_proj)\.)", ".block_sparse_moe."),
+    Rename(r"\.self_attn\.forget_gate\.", ".self_attn."),
+    Chunk(r"\.self_attn\.conv1d\.weight$", tuple(f".self_attn.{x}_conv1d.weight" for x in "qkv")),
+    Unstack(r"\.experts\.(gate_up_proj|down_proj)$", r".experts.{i}.\1"),
+    Chunk(r"\.experts\.(\d+)\.gate_up_proj$", (r".experts.\1.w1.weight", r".experts.\1.w3.weight")),
+    Rename(r"\.experts\.(\d+)\.down_proj$", r".experts.\1.w2.weight"),
+)
+LAYOUTS = (
+    Layout("release", "model.layers.N.mlp.gate_proj.weight (dense), model.layers.N.block_sparse_moe.experts.J.w1.weight"),
+    Layout("transformers", "model.layers.N.block_sparse_moe.gate_proj.weight (dense)", (_DENSE_MLP,)),
+    Layout("transformers in-memory", "model.layers.N.mlp.experts.gate_up_proj, self_attn.conv1d.weight", _IN_MEMORY),
+)
+# Kimi K3 (`kimi_k3` wrapper): the text tower's names under `language_model.` as released, or where
+# transformers places a wrapper's language model in memory (`model.language_model.`, `lm_head.`).
+_WRAPPED_IN_MEMORY = (
+    Rename(r"^model\.language_model\.", "language_model.model."),
+    Rename(r"^lm_head\.", "language_model.lm_head."),
+    Rename(r"^model\.(vision_tower|mm_projector)\.", r"\1."),
+)
+K3_LAYOUTS = (
+    LAYOUTS[0].then(name="release", example="language_model.model.layers.N.mlp.gate_proj.weight (dense)"),
+    LAYOUTS[1].then(example="language_model.model.layers.N.block_sparse_moe.gate_proj.weight (dense)"),
+    LAYOUTS[2].then(*_WRAPPED_IN_MEMORY, example="model.language_model.layers.N.mlp.experts.gate_up_proj, lm_head.weight"),
+)
 
 
 class ShortConv(nn.Module):
@@ -81,12 +109,9 @@ class ShortConv(nn.Module):
         super().__init__()
         self.weight = empty_param((channels, 1, kernel), dtype, device)
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None, name: str) -> torch.Tensor:
-        state = None if layer_cache is None else layer_cache.get(name)
-        y, state = ops.short_conv1d(x, self.weight[:, 0], state, "silu")
-        if layer_cache is not None:
-            layer_cache[name] = state
-        return y
+    def forward(self, x: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [B, T, channels], state [B, channels, K - 1] or None (zeros) -> (y, new state)."""
+        return ops.short_conv1d(x, self.weight[:, 0], state, "silu")
 
 
 class DeltaAttention(nn.Module):
@@ -133,25 +158,38 @@ class DeltaAttention(nn.Module):
         targets[prefix + "A_log"] = WeightTarget(TensorSpec(None, FLOAT_DTYPES), assign)
         return targets
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
-        heads = (b, t, self.heads, self.head_dim)
-        q = self.q_conv1d(self.q_proj(x), layer_cache, "conv_q").view(heads)
-        k = self.k_conv1d(self.k_proj(x), layer_cache, "conv_k").view(heads)
-        v = self.v_conv1d(self.v_proj(x), layer_cache, "conv_v").view(heads)
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
+        n = x.shape[0]
+        heads = (n, self.heads, self.head_dim)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         g = ops.kda_gate(self.f_b_proj(self.f_a_proj(x)).view(heads), self.A_log.view(-1), self.dt_bias,
                          self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x))
-        state = None if layer_cache is None else layer_cache.get("recurrent")
-        if t == 1:  # decode
-            o, state = ops.kda_recurrent(q, k, v, g, beta, state)
-        else:
-            o, state = ops.kda_chunk(q, k, v, g, beta, state, chunk_size=KDA_CHUNK_SIZE)
-        if layer_cache is not None:
-            layer_cache["recurrent"] = state
+        names = ("conv_q", "conv_k", "conv_v", "recurrent")
+        states = [cache.get(name) for name in names]
+        outs, new_states = [], [[] for _ in names]
+        seqs = cache.seqs
+        for first, end, t in seqs.runs:  # [B, T] blocks of consecutive sequences with equal query length
+            rows = slice(seqs.query_start_host[first], seqs.query_start_host[end])
+            shape = (end - first, t, self.heads, self.head_dim)
+            part = [None if s is None else s[first:end] for s in states]
+            parts = []
+            for j, (conv, proj) in enumerate(((self.q_conv1d, q), (self.k_conv1d, k), (self.v_conv1d, v))):
+                y, st = conv(proj[rows].view(end - first, t, -1), part[j])
+                parts.append(y.view(shape))
+                new_states[j].append(st)
+            step = ops.kda_recurrent if t == 1 else ops.kda_chunk
+            kwargs = {} if t == 1 else {"chunk_size": KDA_CHUNK_SIZE}
+            o, st = step(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), part[3], **kwargs)
+            outs.append(o.reshape(-1, self.heads, self.head_dim))
+            new_states[3].append(st)
+        for name, parts in zip(names, new_states):
+            cache[name] = torch.cat(parts)
+        o = torch.cat(outs) if len(outs) > 1 else outs[0]
         gate = (self.g_proj(x) if self.full_rank_gate else self.g_b_proj(self.g_a_proj(x))).view(heads)
         out = ops.gated_rms_norm(o, gate, self.o_norm.weight, self.eps)
-        return self.o_proj(out.reshape(b, t, -1))
+        return self.o_proj(out.reshape(n, -1))
 
 
 
@@ -186,16 +224,17 @@ class MLAttention(nn.Module):
         self.register_buffer("w_uk", w[:, : self.nope].contiguous(), persistent=False)
         self.register_buffer("w_uv", w[:, self.nope:].contiguous(), persistent=False)
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
-        b, t, _ = x.shape
+    def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
+        n = x.shape[0]
         q = self.q_proj(x) if self.q_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(b, t, self.heads, self.nope + self.rope_dim)
+        q = q.view(n, self.heads, self.nope + self.rope_dim)
         kv = self.kv_a_proj_with_mqa(x)
-        latent = cache_append(layer_cache, "kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
-        k_pe = cache_append(layer_cache, "k_pe", kv[..., self.rank:])  # NoPE: the shared key dims stay unrotated
-        out = ops.mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv, self.scale,
-                                cache_lens(layer_cache, "kv_latent"))
-        out = out.reshape(b, t, -1)
+        latent = cache.append("kv_latent", self.kv_a_layernorm(kv[..., : self.rank]))
+        k_pe = cache.append("k_pe", kv[..., self.rank:].contiguous())  # NoPE: the shared key dims stay unrotated
+        out = ops.paged_mla_attention(q[..., : self.nope], q[..., self.nope:], latent, k_pe, self.w_uk, self.w_uv,
+                                      self.scale, cache.seqs)
+        out = out.reshape(n, -1)
         if self.g_proj is not None:
             out = self.g_proj(out, x)
         return self.o_proj(out)
@@ -314,46 +353,15 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(hidden, layer.mlp.intermediate_size, layer.mlp.activation, dtype, device)
 
-    def attend(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
+    def attend(self, x: torch.Tensor, layer_cache) -> torch.Tensor:
         return self.self_attn(self.input_layernorm(x), layer_cache)
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         return (self.block_sparse_moe if self.moe else self.mlp)(self.post_attention_layernorm(h))
 
-    def forward(self, x: torch.Tensor, layer_cache: dict | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layer_cache) -> torch.Tensor:
         h = x + self.attend(x, layer_cache)
         return h + self.feed_forward(h)
-
-
-def _check_config(spec: ModelSpec, config: dict) -> None:
-    """Raise UnsupportedModelError for a config value this file does not compute as transformers does
-    (or, for K3's additions, as the published modeling code does)."""
-    if config.get("mla_use_nope") is not True:
-        # transformers' kimi_linear never rotates; the released remote code rotates when this is false
-        raise _unsupported(config, "mla_use_nope", config.get("mla_use_nope"), (True,))
-    if config.get("moe_router_activation_func", "sigmoid") != "sigmoid":
-        raise _unsupported(config, "moe_router_activation_func", config["moe_router_activation_func"], ("sigmoid",))
-    heads = config.get("num_attention_heads")
-    if (config.get("num_key_value_heads") or heads) != heads:
-        raise _unsupported(config, "num_key_value_heads", config["num_key_value_heads"], (heads,))
-    q = spec.quant
-    if q.dense_format != "bf16" or q.method not in (None, "compressed-tensors"):
-        raise _unsupported(config, "quantization_config.quant_method", q.method, (None, "compressed-tensors"))
-    e = spec.experts
-    if e is not None:
-        if e.format not in ("bf16", "mxfp4"):
-            raise _unsupported(config, "quantization_config.format", e.format,
-                               ("mxfp4-pack-quantized (routed experts)", "unquantized"))
-        if e.format == "mxfp4":
-            for field, value in (("moe_intermediate_size", e.intermediate_size), ("routed_expert_hidden_size", e.input_dim)):
-                if value % mxfp4.BLOCK_SIZE:
-                    raise _unsupported(config, field, value, (f"a multiple of {mxfp4.BLOCK_SIZE} (MXFP4 experts)",))
-        if e.num_shared < 1:
-            raise _unsupported(config, "num_shared_experts", e.num_shared, (">= 1",))
-        if e.num % e.routing.n_group:
-            raise _unsupported(config, "num_expert_group", e.routing.n_group, (f"a divisor of num_experts={e.num}",))
-        if e.routing.topk_group < e.routing.n_group and e.num // e.routing.n_group < 2:
-            raise _unsupported(config, "num_expert_group", e.routing.n_group, ("at most num_experts / 2",))
 
 
 @register_model
@@ -366,10 +374,9 @@ class KimiLinearForCausalLM(CausalLM):
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
         wrapped = spec.model_type == "kimi_k3"
-        text = (config.get("text_config") or {}) if wrapped else config
+        text = self.config["text_config"] if wrapped else self.config
         self.checkpoint_prefix = "language_model." if wrapped else ""
-        _check_config(spec, text)
-        eps = float(text.get("rms_norm_eps", 1e-5))
+        eps = float(text["rms_norm_eps"])
         self.attn_res_block = spec.cross_layer.attn_res_block_size if spec.cross_layer.kind == "attention_residual" else None
         self.model = nn.Module()
         self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
@@ -383,6 +390,9 @@ class KimiLinearForCausalLM(CausalLM):
     def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
         return collect_weight_targets(self, prefix + self.checkpoint_prefix)
 
+    def layouts(self) -> tuple[Layout, ...]:
+        return K3_LAYOUTS if self.checkpoint_prefix else LAYOUTS
+
     def ignore_patterns(self) -> tuple[str, ...]:
         if not self.checkpoint_prefix:
             return ()
@@ -393,23 +403,20 @@ class KimiLinearForCausalLM(CausalLM):
             if isinstance(layer.self_attn, MLAttention):
                 layer.self_attn.post_load()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """NoPE model: positions are checked but not used (KDA's recurrence carries order)."""
-        self.check_inputs(input_ids, positions, cache, self.spec.vocab_size)
+    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """NoPE model: positions are not used (KDA's recurrence carries order)."""
         x = self.model.embed_tokens(input_ids)
-        caches = [None] * len(self.model.layers) if cache is None else cache.layers
         if self.attn_res_block is None:
-            for layer, layer_cache in zip(self.model.layers, caches):
+            for layer, layer_cache in zip(self.model.layers, cache.layers):
                 x = layer(x, layer_cache)
         else:  # Block Attention Residuals: token-local, nothing of it is cached (k3_parts.AttentionResidualState)
             state = AttentionResidualState(x, self.attn_res_block)
-            for i, (layer, layer_cache) in enumerate(zip(self.model.layers, caches)):
+            for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):
                 state.add(layer.attend(state.attention_input(layer.self_attention_res, i), layer_cache))
                 state.add(layer.feed_forward(state.mlp_input(layer.mlp_res)))
             x = state.output(self.model.output_attn_res)
+        if cache.logits_indices is not None:
+            x = x[cache.logits_indices]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        logits = ops.linear(x, head).float()
-        if cache is not None:
-            cache.length += input_ids.shape[1]
-        return logits
+        return ops.linear(x, head).float()

@@ -15,9 +15,9 @@ from dayzero.ops.quant import mxfp4_dequantize, mxfp4_to_fp8_op as mxfp4_to_fp8
 from dayzero.ops.routing_softmax import route_softmax_topk
 from dayzero.ops.routing_deepseek import route_sigmoid_grouped
 from dayzero.ops.routing_v4 import route_hash, route_sqrtsoftplus
-from dayzero.ops.attention_gqa import gqa_attention
-from dayzero.ops.attention_mla import mla_attention, sparse_mla_attention
-from dayzero.ops.dsa import lightning_indexer, topk_select
+from dayzero.ops.attention_gqa import gqa_attention, paged_gqa_attention
+from dayzero.ops.attention_mla import mla_attention, paged_mla_attention, paged_sparse_mla_attention, sparse_mla_attention
+from dayzero.ops.dsa import lightning_indexer, paged_index_topk, topk_select
 from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_indexer, v4_topk_select
 from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, short_conv1d

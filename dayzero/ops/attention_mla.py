@@ -160,3 +160,39 @@ def paged_mla_attention(
             out[rng] = _absorbed(q_nope[None, rng], q_pe[None, rng], latent[None], pe[None], w_uk, w_uv, scale,
                                  visible, "sc")[0]
     return out
+
+
+@reference_op("paged_sparse_mla_attention")
+def paged_sparse_mla_attention(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv_latent: PagedStream,
+    k_pe: PagedStream,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+    seqs: SeqBatch,
+    indices: torch.Tensor,
+) -> torch.Tensor:
+    """MLA of each query of a packed step over its own selected keys only (DSA), read from the paged
+    pool; [N, H, Dv] in q_nope.dtype.
+
+    Shapes as `paged_mla_attention`; indices: integer [N, K], key positions within the query's
+    sequence (< its seq_len), -1 for an unused slot. No causal mask here: the selection
+    (`paged_index_topk`) is causal. A query whose K slots are all -1 gets zeros."""
+    n, h = q_nope.shape[:2]
+    if indices.dim() != 2 or indices.shape[0] != n:
+        raise ValueError(f"paged_sparse_mla_attention: indices must be [num_tokens={n}, k], got {tuple(indices.shape)}")
+    out = q_nope.new_empty((n, h, w_uv.shape[1]))
+    width = max(h, kv_latent.entry_shape[0])  # the gathered latents [chunk, K, C] bound the memory
+    for b in range(seqs.num_seqs):
+        q0, t = seqs.query_start_host[b], seqs.query_lens[b]
+        chunk = query_chunks(t, indices.shape[1], width)
+        for lo in range(0, t, chunk):
+            rows = slice(q0 + lo, q0 + min(t, lo + chunk))
+            picked = indices[rows].long()
+            latent = kv_latent.gather_at(b, picked.clamp(min=0))  # [chunk, K, C]
+            pe = k_pe.gather_at(b, picked.clamp(min=0))
+            out[rows] = _absorbed(q_nope[None, rows], q_pe[None, rows], latent[None], pe[None], w_uk, w_uv, scale,
+                                  (picked >= 0)[None], "tsc")[0]
+    return out

@@ -73,6 +73,19 @@ class SeqBatch:
         """Every sequence computes exactly one token."""
         return all(t == 1 for t in self.query_lens)
 
+    @cached_property
+    def runs(self) -> tuple[tuple[int, int, int], ...]:
+        """(first sequence, end sequence, query_len) of each run of consecutive sequences with equal
+        query_len: their tokens are rows query_start[first] : query_start[end], a [end - first,
+        query_len] block, for ops that work on [B, T] rows (recurrent state, compressors)."""
+        out: list[tuple[int, int, int]] = []
+        for b, t in enumerate(self.query_lens):
+            if out and out[-1][2] == t:
+                out[-1] = (out[-1][0], b + 1, t)
+            else:
+                out.append((b, b + 1, t))
+        return tuple(out)
+
     @staticmethod
     def build(query_lens: list[int], seq_lens: list[int], device: torch.device | str) -> "SeqBatch":
         """A SeqBatch from host lengths (tests and the reference paths; the runner builds its own from

@@ -22,11 +22,11 @@ EMBEDDING = "embedding"
 LINEAR = "linear"  # bf16
 LINEAR_FP8_BLOCK = "linear_fp8_block"  # e4m3 weights, one scale per 128x128 block
 # attention
-MLA_ATTENTION = "mla_attention"
-GQA_ATTENTION = "gqa_attention"  # sinks and sliding window are parameters
-LIGHTNING_INDEXER = "lightning_indexer"
-TOPK_SELECT = "topk_select"
-SPARSE_MLA_ATTENTION = "sparse_mla_attention"
+# (the paged ops read the KV pool in place, dayzero/ops/paged.py)
+MLA_ATTENTION = "paged_mla_attention"
+GQA_ATTENTION = "paged_gqa_attention"  # sinks and sliding window are parameters
+INDEX_TOPK = "paged_index_topk"  # DSA: lightning-indexer scores and the causal top-k per query
+SPARSE_MLA_ATTENTION = "paged_sparse_mla_attention"
 KV_COMPRESSOR = "kv_compressor"  # DeepSeek-V4 CSA/HCA compression of ratio-token windows
 SPARSE_ATTENTION = "sparse_attention"  # DeepSeek-V4: window + selected compressed entries, with sinks
 V4_INDEXER = "v4_indexer"  # DeepSeek-V4 indexer scores over compressed entries (visibility by window)
@@ -56,7 +56,7 @@ VISION_ENCODER = "vision_encoder"
 
 ALL_OPS = (
     RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
-    MLA_ATTENTION, GQA_ATTENTION, LIGHTNING_INDEXER, TOPK_SELECT, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
+    MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
     SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
@@ -81,7 +81,7 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
             ops.append(ROPE)
         ops.append(MLA_ATTENTION)
         if a.kind == "dsa":  # the indexer's key norm is a LayerNorm; short sequences run dense MLA
-            ops += [LAYER_NORM, LIGHTNING_INDEXER, TOPK_SELECT, SPARSE_MLA_ATTENTION]
+            ops += [LAYER_NORM, INDEX_TOPK, SPARSE_MLA_ATTENTION]
     elif a.o_groups is not None:  # DeepSeek-V4: swa / csa / hca share one attention over window + compressed
         ops.append(ROPE)
         if a.kind in ("csa", "hca"):

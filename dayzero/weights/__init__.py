@@ -4,6 +4,7 @@
     for name, tensor in iter_tensors(ckpt, device="cuda", expected=model_schema):
         ...
     state_dict = load_state_dict("path/to/model", expected=model_schema, device="cuda")
+    layout, named = match_layout(ckpt, layouts, model_schema, family="deepseek_v4")  # renamed catalogue
 """
 
 from dayzero.weights.checkpoint import Checkpoint, format_bytes
@@ -11,12 +12,14 @@ from dayzero.weights.errors import (CorruptCheckpointError, MissingTensorError, 
                                     TensorDtypeError, TensorShapeError, UnexpectedTensorError,
                                     WeightsError)
 from dayzero.weights.header import DTYPES, SafetensorsFile, TensorInfo, read_header
+from dayzero.weights.layouts import Chunk, Layout, Rename, Unstack, match_layout
 from dayzero.weights.loader import LoadSummary, iter_tensors, load_state_dict, read_tensor
 from dayzero.weights.schema import FLOAT_DTYPES, TensorSpec, check_schema, find_problems
 
 __all__ = [
-    "Checkpoint", "CorruptCheckpointError", "DTYPES", "FLOAT_DTYPES", "LoadSummary", "MissingTensorError",
-    "NoWeightsError", "SafetensorsFile", "TensorDtypeError", "TensorInfo", "TensorShapeError",
-    "TensorSpec", "UnexpectedTensorError", "WeightsError", "check_schema", "find_problems",
-    "format_bytes", "iter_tensors", "load_state_dict", "read_header", "read_tensor",
+    "Checkpoint", "Chunk", "CorruptCheckpointError", "DTYPES", "FLOAT_DTYPES", "Layout", "LoadSummary",
+    "MissingTensorError", "NoWeightsError", "Rename", "SafetensorsFile", "TensorDtypeError", "TensorInfo",
+    "TensorShapeError", "TensorSpec", "UnexpectedTensorError", "Unstack", "WeightsError", "check_schema",
+    "find_problems", "format_bytes", "iter_tensors", "load_state_dict", "match_layout", "read_header",
+    "read_tensor",
 ]

@@ -66,7 +66,10 @@ CASTABLE_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 
 @dataclass(frozen=True)
 class TensorInfo:
-    """Where one tensor lives: bytes [start, end) of `file`, absolute offsets."""
+    """Where one tensor lives: bytes [start, end) of `file`, absolute offsets.
+
+    stored_as: the name in the file when it differs from `name`, i.e. when a tensor layout
+    (dayzero.weights.layouts) renamed the tensor or cut it out of a larger one."""
 
     name: str
     file: Path
@@ -74,6 +77,13 @@ class TensorInfo:
     shape: tuple[int, ...]  # as in the header
     start: int
     end: int
+    stored_as: str | None = None
+
+    @property
+    def where(self) -> str:
+        """'NAME in FILE', naming the stored tensor too when a layout mapped it."""
+        stored = f" (stored as {self.stored_as})" if self.stored_as else ""
+        return f"{self.name}{stored} in {self.file}"
 
     @property
     def nbytes(self) -> int:

@@ -50,11 +50,11 @@ def find_problems(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
             continue
         if spec.shape is not None and not _shape_matches(spec.shape, info.torch_shape):
             shape.append(TensorShapeError(
-                f"{name} in {info.file}: expected shape {_format_shape(spec.shape)}, found "
+                f"{info.where}: expected shape {_format_shape(spec.shape)}, found "
                 f"{_format_shape(info.torch_shape)}", tensor=name, file=info.file))
         if not spec.dtype_matches(info.torch_dtype):
             dtype.append(TensorDtypeError(
-                f"{name} in {info.file}: expected dtype {_dtype_name(spec.dtype)}, found "
+                f"{info.where}: expected dtype {_dtype_name(spec.dtype)}, found "
                 f"{_dtype_name(info.torch_dtype)} ({info.dtype})", tensor=name, file=info.file))
 
     if not allow_unexpected:
@@ -62,7 +62,7 @@ def find_problems(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
         for name, info in checkpoint.tensors.items():
             if name not in expected and not any(p.search(name) for p in patterns):
                 unexpected.append(UnexpectedTensorError(
-                    f"{name} in {info.file}: not expected by the model ({info.dtype} "
+                    f"{info.where}: not expected by the model ({info.dtype} "
                     f"{list(info.shape)}); pass allow_unexpected=True or an ignore_unexpected "
                     f"pattern to skip it", tensor=name, file=info.file))
     return missing + shape + dtype + unexpected
@@ -74,22 +74,34 @@ def check_schema(checkpoint: Checkpoint, expected: Mapping[str, TensorSpec], *,
     """Raise the first of `find_problems`, with all of them in its message and `.problems`."""
     problems = find_problems(checkpoint, expected, allow_unexpected=allow_unexpected,
                              ignore_unexpected=ignore_unexpected)
-    if not problems:
-        return
+    if problems:
+        raise schema_error(problems, f"Checkpoint {checkpoint.path} does not match the model")
+
+
+def count_problems(problems: list[WeightsError]) -> str:
+    """'3 missing, 1 wrong shape': the problems counted by kind, most serious first."""
+    return ", ".join(f"{sum(type(p) is kind for p in problems)} {label}"
+                     for kind, label in _KINDS.items() if any(type(p) is kind for p in problems))
+
+
+def schema_error(problems: list[WeightsError], heading: str) -> WeightsError:
+    """One error for a non-empty list of problems: the first problem itself when it is alone,
+    else an error of the first one's type whose message is `heading`, the counts and the first
+    MAX_REPORTED_PROBLEMS problems; `.problems` holds them all."""
     if len(problems) == 1:
-        raise problems[0]
-    kinds = {MissingTensorError: "missing", TensorShapeError: "wrong shape",
-             TensorDtypeError: "wrong dtype", UnexpectedTensorError: "unexpected"}
-    counts = ", ".join(f"{sum(type(p) is kind for p in problems)} {label}"
-                       for kind, label in kinds.items() if any(type(p) is kind for p in problems))
-    lines = [f"Checkpoint {checkpoint.path} does not match the model: {counts}"]
+        return problems[0]
+    lines = [f"{heading}: {count_problems(problems)}"]
     lines += [f"  - {p}" for p in problems[:MAX_REPORTED_PROBLEMS]]
     if len(problems) > MAX_REPORTED_PROBLEMS:
         lines.append(f"  ... and {len(problems) - MAX_REPORTED_PROBLEMS} more")
     first = problems[0]
     error = type(first)("\n".join(lines), tensor=first.tensor, file=first.file)
     error.problems = problems
-    raise error
+    return error
+
+
+_KINDS = {MissingTensorError: "missing", TensorShapeError: "wrong shape", TensorDtypeError: "wrong dtype",
+          UnexpectedTensorError: "unexpected"}
 
 
 def _shape_matches(expected: tuple[int | None, ...], found: tuple[int, ...]) -> bool:

@@ -1,12 +1,13 @@
-"""Paged storage: the layout a model's probe finds, the step metadata (write slots, right-aligned
-reads, lengths), and the views: what a paged step returns equals the contiguous reference cache."""
+"""Paged storage: the layout a model's probe finds, the packed step's metadata (positions, write
+slots per group and rate, block tables, state slots) and the views: what a step writes, its streams
+read back through the block tables, sequence by sequence."""
 
 import pytest
 import torch
 
 from dayzero.cache import BlockPool, KVCacheManager
-from dayzero.cache.paged import (CacheLayout, PagedKVStorage, PagedStepCache, StateSpec, StreamSpec, build_step,
-                                 probe_layout)
+from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, StateSpec, StreamSpec, probe_layout
+from dayzero.cache.step import SeqStep, build_step
 from dayzero.engine.request import Request
 
 BS = 4
@@ -22,12 +23,13 @@ def _setup():
     return kv, storage
 
 
-def _run(kv, storage, reqs, starts, n, slots):
-    for r, start in zip(reqs, starts):
+def _run(kv, storage, reqs, starts, counts, slots):
+    steps = []
+    for r, start, n, slot in zip(reqs, starts, counts, slots):
         r.num_computed_tokens = start
         assert kv.allocate_slots(r, n)
-    ctx = build_step([kv.block_tables[r.request_id] for r in reqs], starts, n, LAYOUT, BS, slots, "cpu")
-    return PagedStepCache(storage, ctx, 2)
+        steps.append(SeqStep(start, n, kv.block_tables[r.request_id], slot, token_ids=r.token_ids(start, start + n)))
+    return PagedStepCache(storage, build_step(steps, LAYOUT, BS, "cpu"), 2)
 
 
 def test_layout_groups_pages_and_entry_rates():
@@ -39,54 +41,61 @@ def test_layout_groups_pages_and_entry_rates():
         StreamSpec(0, "c", (3,), torch.float32, None, rate=4).entries_per_block(6)
 
 
-def test_paged_steps_return_what_a_contiguous_cache_holds():
+def test_packed_steps_write_entries_that_streams_read_back():
     kv, storage = _setup()
-    a, b = Request("a", list(range(40))), Request("b", list(range(40)))
+    a, b = Request("a", list(range(100, 140))), Request("b", list(range(200, 240)))
+    for r in (a, b):
+        kv.match_prefix(r)
     truth = {r: {"k": torch.randn(20, 3), "w": torch.randn(20, 2), "c": torch.randn(5, 3), "k1": torch.randn(20, 2, 2)}
              for r in "ab"}
-    # prefill a: 9 tokens, b: 6 tokens (each alone, as the prefill path runs them)
-    for req, n in ((a, 9), (b, 6)):
-        t = truth[req.request_id]
-        cache = _run(kv, storage, [req], [0], n, [0 if req is a else 1])
-        view = cache.layers[0]
-        assert torch.equal(view.append("k", t["k"][None, :n]), t["k"][None, :n])
-        assert torch.equal(view.append("w", t["w"][None, :n], 6), t["w"][None, :n])
-        assert torch.equal(view.append("c", t["c"][None, :n // 4], rate=4), t["c"][None, :n // 4])
-        got = cache.layers[1].append("k", t["k1"][None, :n])
-        assert got.dtype == torch.bfloat16 and torch.equal(got.float(), t["k1"][None, :n].bfloat16().float())
-        assert view.lens("k") is None and view.get("s") is None  # a fresh prefill has no state yet
-        view["s"] = torch.full((1, 2, 2), float(n))
-        req.num_computed_tokens = n
-        kv.cache_full_blocks(req)
-    # one decode step of both rows together: a at position 9, b at 6
-    cache = _run(kv, storage, [a, b], [9, 6], 1, [0, 1])
+    # one packed step: a prefills 9 tokens, b 6
+    cache = _run(kv, storage, [a, b], [0, 0], [9, 6], [0, 1])
+    meta = cache.meta
+    assert meta.seqs.query_start_host == (0, 9, 15) and meta.seqs.seq_lens_host == (9, 6)
+    assert meta.positions.tolist() == list(range(9)) + list(range(6))
+    assert meta.input_ids.tolist() == list(range(100, 109)) + list(range(200, 206))
+    assert meta.logits_indices.tolist() == [8, 14] and meta.fresh == (True, True)
     view = cache.layers[0]
-    k = view.append("k", torch.stack([truth["a"]["k"][9:10], truth["b"]["k"][6:7]]))
-    assert k.shape == (2, 10, 3) and torch.equal(view.lens("k"), torch.tensor([10, 7]))
-    assert torch.equal(k[0], truth["a"]["k"][:10]) and torch.equal(k[1, 3:], truth["b"]["k"][:7])
-    assert torch.equal(k[1, :3], truth["b"]["k"][:1].expand(3, 3))  # padding repeats the row's first entry
-    w = view.append("w", torch.stack([truth["a"]["w"][9:10], truth["b"]["w"][6:7]]), 6)
-    # the window reads the last 5 tokens before the new one: a 4..9, b 1..6
-    assert torch.equal(w[0], truth["a"]["w"][4:10]) and torch.equal(w[1, 0], truth["b"]["w"][1])
-    assert torch.equal(w[1], truth["b"]["w"][1:7]) and view.lens("w") is None  # both rows read 6: no padding
-    assert torch.equal(view["s"][:, 0, 0], torch.tensor([9.0, 6.0]))  # each row's own state slot
-    with pytest.raises(ValueError, match="appends 0 entries per row"):  # neither row completes an entry of 4
-        view.append("c", torch.zeros(2, 1, 3), rate=4)
+    k = view.append("k", torch.cat([truth["a"]["k"][:9], truth["b"]["k"][:6]]))
+    view.append("w", torch.cat([truth["a"]["w"][:9], truth["b"]["w"][:6]]), 6)
+    with pytest.raises(ValueError, match="appends 3 entries"):  # a completes 2 entries of 4 tokens, b 1
+        view.append("c", torch.zeros(2, 3), rate=4)
+    view.append("c", torch.cat([truth["a"]["c"][:2], truth["b"]["c"][:1]]), rate=4)
+    k1 = cache.layers[1].append("k", torch.cat([truth["a"]["k1"][:9], truth["b"]["k1"][:6]]))
+    assert torch.equal(k.gather(0, 0, 9), truth["a"]["k"][:9]) and torch.equal(k.gather(1, 0, 6), truth["b"]["k"][:6])
+    assert k1.data.dtype == torch.bfloat16
+    assert torch.equal(k1.gather(1, 0, 6).float(), truth["b"]["k1"][:6].bfloat16().float())
+    assert view.get("s") is None  # every sequence is fresh: no state to read yet
+    view["s"] = torch.stack([torch.full((2, 2), 9.0), torch.full((2, 2), 6.0)])
+    for r, n in ((a, 9), (b, 6)):
+        r.num_computed_tokens = n
+        kv.cache_full_blocks(r)
+    # one decode step of both: a at position 9, b at 6; b's window page before token 1 may be gone
+    cache = _run(kv, storage, [a, b], [9, 6], [1, 1], [0, 1])
+    view = cache.layers[0]
+    k = view.append("k", torch.stack([truth["a"]["k"][9], truth["b"]["k"][6]]))
+    assert torch.equal(k.gather(0, 0, 10), truth["a"]["k"][:10]) and torch.equal(k.gather(1, 0, 7), truth["b"]["k"][:7])
+    w = view.append("w", torch.stack([truth["a"]["w"][9], truth["b"]["w"][6]]), 6)
+    assert torch.equal(w.gather(0, 4, 10), truth["a"]["w"][4:10]) and torch.equal(w.gather(1, 1, 7), truth["b"]["w"][1:7])
+    c = view.append("c", torch.zeros(0, 3), rate=4)  # neither completes an entry
+    assert torch.equal(c.gather(0, 0, 2), truth["a"]["c"][:2]) and torch.equal(c.gather(1, 0, 1), truth["b"]["c"][:1])
+    assert torch.equal(view["s"][:, 0, 0], torch.tensor([9.0, 6.0]))  # each sequence's own state slot
     with pytest.raises(KeyError, match="no cache stream 'v'"):
-        view.append("v", torch.zeros(2, 1, 3))
+        view.append("v", torch.zeros(2, 3))
     kv.free(a)
     kv.free(b)
 
 
-def test_rows_appending_different_numbers_of_compressed_entries_cannot_share_a_forward():
-    kv, _ = _setup()
+def test_a_fresh_sequence_beside_a_running_one_reads_zero_state():
+    kv, storage = _setup()
     a, b = Request("a", list(range(20))), Request("b", list(range(20)))
     kv.match_prefix(a), kv.match_prefix(b)
-    for r, start in ((a, 7), (b, 5)):
-        r.num_computed_tokens = start
-        assert kv.allocate_slots(r, 1)
-    with pytest.raises(ValueError, match="different numbers of 4-token entries"):
-        build_step([kv.block_tables["a"], kv.block_tables["b"]], [7, 5], 1, LAYOUT, BS, [0, 1], "cpu")
+    cache = _run(kv, storage, [a], [0], [5], [0])
+    cache.layers[0]["s"] = torch.ones(1, 2, 2)
+    storage.states[0, "s"][1] = 7.0  # what an earlier request left in slot 1
+    cache = _run(kv, storage, [a, b], [5, 0], [1, 3], [0, 1])
+    assert cache.meta.fresh == (False, True)
+    assert torch.equal(cache.layers[0]["s"], torch.stack([torch.ones(2, 2), torch.zeros(2, 2)]))
     kv.free(a), kv.free(b)
 
 

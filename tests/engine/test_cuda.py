@@ -38,3 +38,27 @@ def test_bf16_engine_on_cuda_uses_the_kernels(name, tmp_path):
     assert all(len(o.token_ids) == 6 for o in outs)
     assert any(k.endswith("@triton") for k in calls), calls
     _assert_pool_free(llm)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v32"])
+def test_a_decode_step_never_synchronizes_the_host(name, tmp_path):
+    """The runner's packed decode step (metadata transfer, forward, logits) under
+    torch.cuda.set_sync_debug_mode("error"): any .item(), .tolist(), bool(tensor) or blocking copy
+    raises. The sampled ids' one device-to-host copy happens after, in the engine."""
+    builder, _ = FAMILIES[name]
+    llm = LLM(builder(tmp_path), dtype="bfloat16", device="cuda")
+    engine = llm.engine
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    for i, p in enumerate(_prompts(llm.vocab_size, [5, 20, 40])):
+        engine.add_request(f"r{i}", *engine.validate(p, params))
+    for _ in range(3):  # prefills, then decodes (kernels compiled, graphs captured)
+        engine.step()
+    out = engine.scheduler.schedule()
+    assert all(s.num_new_tokens == 1 for s in out.scheduled)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rids, logits = engine.runner.execute(out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(rids) == 3 and logits.shape[0] == 3 and torch.isfinite(logits).all()

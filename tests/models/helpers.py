@@ -6,8 +6,8 @@ from dayzero.verify import rel_err  # max |ours - theirs| / max |theirs|
 
 GENERATE = 32  # greedy tokens compared against transformers
 
-__all__ = ["GENERATE", "assert_greedy_matches_transformers", "assert_logits_match_transformers", "greedy", "positions",
-           "random_prompt", "rel_err"]
+__all__ = ["GENERATE", "assert_greedy_matches_transformers", "assert_logits_match_transformers", "assert_refused",
+           "greedy", "positions", "random_prompt", "rel_err"]
 
 
 def random_prompt(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -55,3 +55,21 @@ def assert_greedy_matches_transformers(ours, hf, ids: torch.Tensor, steps: int =
     with torch.no_grad():
         full = ours(want[:, :-1], positions(want[:, :-1]))[:, length - 1:]
     assert rel_err(step_logits, full) <= 1e-5
+
+
+def assert_refused(tmp_path, config: dict, field: str) -> None:
+    """`config` (written as tmp_path/config.json, no weights) is refused for `field` alike by
+    load_spec, by `dayzero inspect`'s report and by the loader, before any weights are looked for."""
+    import json
+
+    import pytest
+
+    from dayzero.inspect import build_report
+    from dayzero.models import load_model
+    from dayzero.spec import UnsupportedModelError, load_spec
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for attempt in (load_spec, build_report, lambda p: load_model(p, dtype=torch.float32, progress=False)):
+        with pytest.raises(UnsupportedModelError) as info:
+            attempt(tmp_path)
+        assert info.value.field == field, str(info.value)

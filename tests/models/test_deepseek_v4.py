@@ -14,11 +14,10 @@ import pytest
 import torch
 
 from dayzero.formats import mxfp4
-from dayzero.models import load_model, model_class
-from dayzero.spec import UnsupportedModelError, load_spec
+from dayzero.models import load_model
 from tests.demo.test_checkpoint import expected_layout
 from tests.models.deepseek_v4_checkpoints import (TINY_V4, build_deepseek_v4_checkpoint, load_reference, tiny_v4_config)
-from tests.models.helpers import greedy, positions, rel_err
+from tests.models.helpers import assert_refused, greedy, positions, rel_err
 
 VOCAB = TINY_V4["vocab_size"]
 LENGTHS = (3, 29, 200, 520)
@@ -178,8 +177,5 @@ def test_demo_checkpoint_matches_transformers():
     ("norm_topk_prob", False),
     ("attention_bias", True),
 ])
-def test_unsupported_options_fail_at_construction(field, value):
-    config = tiny_v4_config(**{field: value})
-    spec = load_spec(config)
-    with pytest.raises(UnsupportedModelError, match=field):
-        model_class(spec)(spec, config, dtype=torch.float32, device="cpu")
+def test_unsupported_options_are_refused_by_inspect_and_loader(tmp_path, field, value):
+    assert_refused(tmp_path, tiny_v4_config(**{field: value}), field)

@@ -12,9 +12,8 @@ import torch
 
 from dayzero.formats import mxfp4
 from dayzero.models import load_model
-from dayzero.spec import UnsupportedModelError
 from tests.models.gpt_oss_checkpoints import TINY, build_gpt_oss_checkpoint
-from tests.models.helpers import positions, random_prompt, rel_err
+from tests.models.helpers import assert_refused, positions, random_prompt, rel_err
 
 WINDOW = TINY["sliding_window"]
 PROMPT_LENGTHS = (5, 40, 70)
@@ -92,8 +91,6 @@ def test_prefill_then_decode_matches_full_forward(models, length):
             steps.append(ours(ids[:, start:end], positions(ids[:, start:end], start), cache))
     assert cache.length == length + 12
     assert rel_err(torch.cat(steps, dim=1), full) <= 1e-5
-    # sliding layers keep only the keys the next token can still see
-    assert cache.layers[0]["k"].shape[1] == WINDOW - 1 and cache.layers[1]["k"].shape[1] == length + 12
 
 
 @pytest.mark.parametrize("length", (5, 40))
@@ -144,22 +141,14 @@ def test_variants_match_transformers(tmp_path, options):
             assert rel_err(ours(ids, positions(ids)), hf(ids).logits) <= 1e-4
 
 
-def _config_only(tmp_path, **changes):
-    config = {"model_type": "gpt_oss", **TINY, "quantization_config": dict(quant_method="mxfp4")}
-    config.update(changes)
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    return tmp_path
-
-
 @pytest.mark.parametrize("changes, field", [
-    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_parameters.rope_type"),
+    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope_scaling.rope_type"),
     (dict(rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
                            "partial_rotary_factor": 0.5}), "partial_rotary_factor"),
     (dict(intermediate_size=48), "intermediate_size"),
     (dict(num_key_value_heads=3), "num_key_value_heads"),
     (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}), "quantization_config.quant_method"),
 ])
-def test_unsupported_options_fail_at_construction(tmp_path, changes, field):
-    with pytest.raises(UnsupportedModelError) as info:
-        load_model(_config_only(tmp_path, **changes), dtype=torch.float32, progress=False)
-    assert info.value.field == field
+def test_unsupported_options_are_refused_by_inspect_and_loader(tmp_path, changes, field):
+    config = {"model_type": "gpt_oss", **TINY, "quantization_config": dict(quant_method="mxfp4"), **changes}
+    assert_refused(tmp_path, config, field)

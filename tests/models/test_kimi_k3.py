@@ -188,7 +188,7 @@ def test_k3_prefill_decode_and_chunked_prefill_equal_one_forward(model):
     decode_err, chunk_err = rel_err(torch.cat(steps, 1), full), rel_err(torch.cat(pieces, 1), full)
     print(f"K3 prefill+decode vs one forward: {decode_err:.2e}; chunked prefill: {chunk_err:.2e}")
     assert decode_err <= 1e-4 and chunk_err <= 1e-4
-    assert cache.length == 150 and "recurrent" in cache.layers[0] and "kv_latent" in cache.layers[3]
+    assert cache.length == 150 and (0, "recurrent") in cache.storage.states and (3, "kv_latent") in cache.storage.specs
 
 
 @pytest.mark.parametrize("length", (5, 150))

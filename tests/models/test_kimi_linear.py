@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dayzero.models import load_model
-from dayzero.spec import UnsupportedModelError, load_spec
-from tests.models.helpers import assert_greedy_matches_transformers, assert_logits_match_transformers
+from dayzero.spec import load_spec
+from tests.models.helpers import assert_greedy_matches_transformers, assert_logits_match_transformers, assert_refused
 from tests.models.kimi_linear_checkpoints import (DIMS, KDA_HEAD_DIM, KDA_HEADS, build_kimi_linear_checkpoint, load_reference,
                                                   positions, prompt, rel_err)
 
@@ -90,11 +90,11 @@ def test_chunked_prefill_matches_full_forward(models):
             start += size
         full = ours(ids, positions(ids))
     assert cache.length == 150
-    kda_cache = cache.layers[0]
-    assert kda_cache["recurrent"].shape == (3, KDA_HEADS, KDA_HEAD_DIM, KDA_HEAD_DIM)
-    assert kda_cache["recurrent"].dtype == torch.float32
-    assert kda_cache["conv_q"].shape == (3, KDA_HEADS * KDA_HEAD_DIM, 3)
-    assert cache.layers[1]["kv_latent"].shape == (3, 150, DIMS["kv_lora_rank"])
+    states = cache.storage.states  # per sequence slot: KDA's fixed-size state; MLA layers cache per token
+    assert states[0, "recurrent"].shape == (3, KDA_HEADS, KDA_HEAD_DIM, KDA_HEAD_DIM)
+    assert states[0, "recurrent"].dtype == torch.float32
+    assert states[0, "conv_q"].shape == (3, KDA_HEADS * KDA_HEAD_DIM, 3)
+    assert cache.storage.specs[1, "kv_latent"].shape == (DIMS["kv_lora_rank"],) and (1, "recurrent") not in states
     assert rel_err(torch.cat(pieces, dim=1), full) <= 1e-5
 
 
@@ -131,10 +131,5 @@ def _config(**changes):
     (dict(num_expert_group=3), "num_expert_group"),
     (dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}), "quantization_config.quant_method"),
 ])
-def test_unsupported_config_fails_at_construction(changes, field):
-    from dayzero.models.kimi_linear import KimiLinearForCausalLM
-
-    config = _config(**changes)
-    with pytest.raises(UnsupportedModelError, match=field.replace(".", r"\.")) as info:
-        KimiLinearForCausalLM(load_spec(config), config, dtype=torch.float32, device="cpu")
-    assert info.value.field == field
+def test_unsupported_config_is_refused_by_inspect_and_loader(tmp_path, changes, field):
+    assert_refused(tmp_path, _config(**changes), field)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dayzero.ops.attention_mla import mla_attention, sparse_mla_attention
-from dayzero.ops.dsa import lightning_indexer, topk_select
+from dayzero.ops.dsa import lightning_indexer, ranked_topk, topk_select
 
 B, H, DN, DR, DV, C = 2, 3, 16, 8, 12, 20
 
@@ -109,6 +109,41 @@ def test_topk_select_is_causal_and_padded(t, s, k):
             visible = list(range(s - t + i + 1))
             best = sorted(visible, key=lambda j: -float(scores[b, i, j]))[:k]
             assert got[b, i].tolist() == best + [-1] * (k - len(best))
+
+
+def test_ranked_topk_breaks_ties_by_index_and_counts_minus_zero_as_zero():
+    scores = torch.tensor([[0.0, -0.0, 2.0, 0.0, -1.0, -0.0, 2.0, float("-inf")]])
+    values, indices = ranked_topk(scores, 6)
+    assert indices.tolist() == [[2, 6, 0, 1, 3, 5]]
+    assert values.tolist() == [[2.0, 2.0, 0.0, 0.0, 0.0, 0.0]]
+
+
+def test_ranked_topk_matches_a_stable_sort_on_many_ties():
+    g = torch.Generator().manual_seed(6)
+    scores = torch.randint(-3, 3, (4, 9, 50), generator=g).float()  # six values: mostly ties
+    values, indices = ranked_topk(scores, 17)
+    for row, got in zip(scores.view(-1, 50), indices.view(-1, 17)):
+        want = sorted(range(50), key=lambda j: (-float(row[j]), j))[:17]
+        assert got.tolist() == want
+    assert torch.equal(values, scores.gather(-1, indices))
+
+
+def test_topk_select_with_ties_is_the_same_on_every_path():
+    """One query's selection among tied scores does not depend on the rows around it: alone as a
+    decode row, inside a prefill (keys after it masked) or as a padded batch row it gets the same
+    keys, the tied ones by ascending index. (torch.topk picks none of these three zeros here, and
+    other ones again in the padded row: its choice among ties follows the row's length.)"""
+    s, k = 20, 6
+    row = torch.zeros(s)
+    row[[4, 11, 17]] = torch.tensor([0.3, 0.9, 0.5])  # three best, then 15 keys tied at 0 for 3 places
+    row[[2, 8]] = -0.2
+    decode = topk_select(row.view(1, 1, s), k)
+    prefill = torch.randn(1, 9, s + 8, generator=torch.Generator().manual_seed(7))
+    prefill[0, 0, :s] = row  # query 0 of 9 over s + 8 keys sees the first s
+    in_prefill = topk_select(prefill, k)[:, :1]
+    padded = torch.cat([torch.ones(5), row]).view(1, 1, s + 5).expand(2, 1, s + 5)
+    in_batch = topk_select(padded, k, kv_lens=torch.tensor([s, s + 5]))[:1] - 5
+    assert decode.tolist() == in_prefill.tolist() == in_batch.tolist() == [[[11, 17, 4, 0, 1, 3]]]
 
 
 def test_errors_name_the_problem():

@@ -26,7 +26,7 @@ def test_required_ops_per_kind():
     v3_moe = _ops("deepseek-v3", 5)
     assert {req.MLA_ATTENTION, req.ROPE, req.LINEAR_FP8_BLOCK, req.ROUTE_SIGMOID_GROUPED, req.MOE_EXPERTS_FP8, req.SWIGLU} <= set(v3_moe)
     assert req.MOE_EXPERTS_FP8 not in _ops("deepseek-v3", 0)
-    assert {req.LIGHTNING_INDEXER, req.TOPK_SELECT, req.SPARSE_MLA_ATTENTION, req.LAYER_NORM} <= set(_ops("deepseek-v3.2", 3))
+    assert {req.INDEX_TOPK, req.SPARSE_MLA_ATTENTION, req.LAYER_NORM} <= set(_ops("deepseek-v3.2", 3))
     hca_hash = _ops("deepseek-v4-pro", 0)
     assert {req.KV_COMPRESSOR, req.SPARSE_ATTENTION, req.ROUTE_HASH, req.MOE_EXPERTS_MXFP4, req.HYPER_CONNECTION} <= set(hca_hash)
     assert req.V4_INDEXER not in hca_hash

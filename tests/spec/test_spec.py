@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dayzero.plan import active_params, total_params
-from dayzero.spec import load_spec
+from dayzero.spec import UnsupportedModelError, load_spec
 
 from .tiny_configs import QUANT, make_config, save_config, tiny_k3_config
 
@@ -32,7 +32,7 @@ def test_deepseek_v3_fp8(tmp_path):
     assert [k for k, _ in spec.layer_kinds()] == ["mla"] * 4
     assert [m for _, m in spec.layer_kinds()] == ["dense", "dense", "moe", "moe"]  # first_k_dense_replace=2
     e = spec.experts
-    assert (e.num, e.top_k, e.num_shared, e.intermediate_size) == (8, 2, 1, 32)
+    assert (e.num, e.top_k, e.num_shared, e.intermediate_size) == (8, 2, 1, 128)
     assert (e.routing.function, e.routing.correction_bias, e.routing.n_group, e.routing.topk_group) == ("sigmoid", True, 2, 1)
     assert (spec.quant.expert_format, spec.quant.dense_format, spec.quant.fp8_block, spec.quant.scale_fmt) == (
         "fp8", "fp8", (128, 128), "float")
@@ -90,6 +90,7 @@ def test_deepseek_v4_expert_dtype_inside_quantization_config():
     raw["quantization_config"] = {**QUANT["fp8_ue8m0"], "expert_dtype": "fp4"}
     assert load_spec(raw).quant.expert_format == "mxfp4"
     raw["quantization_config"] = QUANT["fp8_ue8m0"]
+    raw["moe_intermediate_size"] = 128  # FP8 experts: 128-row blocks
     assert load_spec(raw).quant.expert_format == "fp8"
 
 
@@ -129,7 +130,7 @@ def test_kimi_linear_with_k3_extensions():
     assert (kda.output_gate, kda.gate_lower_bound) == ("full_rank", -5.0)
     assert (mla.output_gate, mla.nope, mla.q_lora_rank) == ("sigmoid", True, 24)
     e = spec.experts
-    assert (e.latent_dim, e.input_dim, e.latent_norm, e.num_shared, e.shared_intermediate_size) == (48, 48, True, 2, 64)
+    assert (e.latent_dim, e.input_dim, e.latent_norm, e.num_shared, e.shared_intermediate_size) == (32, 32, True, 2, 64)
     act = spec.layers[0].mlp.activation
     assert (act.kind, act.beta, act.linear_beta) == ("situ", 4.0, 25.0)
     assert spec.cross_layer.kind == "attention_residual" and spec.cross_layer.attn_res_block_size == 2
@@ -137,15 +138,15 @@ def test_kimi_linear_with_k3_extensions():
     assert spec.vision.kind == "moonvit3d" and spec.vision.norm == "rms_norm"
 
 
-def test_kimi_k25_vision_and_int4(tmp_path):
+def test_kimi_k25_vision(tmp_path):
     from transformers.models.kimi_k25.modeling_kimi_k25 import Kimi_K25ForConditionalGeneration
 
     cfg = make_config("kimi_k25")
-    spec = load_spec(save_config(cfg, tmp_path, QUANT["ct_int4"]))
+    spec = load_spec(save_config(cfg, tmp_path, QUANT["fp8"]))
     assert spec.model_type == "kimi_k25" and spec.text_model_type == "deepseek_v3"
     assert [k for k, _ in spec.layer_kinds()] == ["mla"] * 3
     assert [m for _, m in spec.layer_kinds()] == ["dense", "moe", "moe"]
-    assert spec.quant.expert_format == "int4" and spec.quant.dense_format == "bf16" and "int4" in spec.quant.note
+    assert spec.quant.expert_format == "fp8" and spec.quant.dense_format == "fp8"
     v = spec.vision
     assert (v.kind, v.num_layers, v.hidden_size, v.patch_size, v.merge_kernel) == ("moonvit", 2, 32, 4, (2, 2))
     torch.manual_seed(0)
@@ -180,9 +181,21 @@ def test_separate_quantization_config_json(tmp_path):
     assert load_spec(tmp_path).quant.expert_format == "mxfp4"
 
 
-def test_modelopt_hf_quant_config(tmp_path):
+def test_int4_experts_are_refused(tmp_path):
+    """Kimi K2.5-style int4 experts (compressed-tensors pack-quantized): no model file holds them,
+    so load_spec (inspect) refuses them as the loader does."""
+    with pytest.raises(UnsupportedModelError) as info:
+        load_spec(save_config(make_config("kimi_k25"), tmp_path, QUANT["ct_int4"]))
+    assert (info.value.field, info.value.value) == ("quantization_config.quant_method", "compressed-tensors")
+
+
+def test_modelopt_hf_quant_config_is_read_and_refused(tmp_path):
+    """ModelOpt's per-tensor FP8 (hf_quant_config.json) is recognised; the DeepSeek model file holds
+    128x128 block scales only, so load_spec refuses it by name."""
     import json
 
     save_config(make_config("deepseek_v3"), tmp_path)
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "FP8"}}))
-    assert load_spec(tmp_path).quant.expert_format == "fp8"
+    with pytest.raises(UnsupportedModelError) as info:
+        load_spec(tmp_path)
+    assert (info.value.field, info.value.value) == ("quantization_config.quant_method", "modelopt")

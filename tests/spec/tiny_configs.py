@@ -1,5 +1,6 @@
 """Tiny configs per family, built through transformers so the saved config.json is what
-`save_pretrained` writes, and the quantization_config blocks real checkpoints carry."""
+`save_pretrained` writes, and the quantization_config blocks real checkpoints carry. Dims are ones
+the model files run (load_spec refuses the rest): FP8 experts 128 rows wide, MXFP4 widths of 32."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ _COMMON = dict(vocab_size=128, hidden_size=64, num_attention_heads=4, pad_token_
 _MLA = dict(q_lora_rank=24, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, num_key_value_heads=4)
 
 TINY = {
-    "deepseek_v3": dict(_COMMON, **_MLA, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=32,
+    "deepseek_v3": dict(_COMMON, **_MLA, num_hidden_layers=4, intermediate_size=96, moe_intermediate_size=128,
                         n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
                         first_k_dense_replace=2),
-    "deepseek_v32": dict(_COMMON, **_MLA, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32,
+    "deepseek_v32": dict(_COMMON, **_MLA, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=128,
                          n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
                          first_k_dense_replace=1, index_n_heads=2, index_head_dim=16, index_topk=4),
     "deepseek_v4": dict(_COMMON, num_hidden_layers=6, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
-                        n_shared_experts=1, head_dim=32, q_lora_rank=24, o_groups=2, o_lora_rank=16, index_n_heads=2,
+                        n_shared_experts=1, head_dim=32, q_lora_rank=24, o_groups=2, o_lora_rank=128, index_n_heads=2,
                         index_head_dim=16, index_topk=4, sliding_window=8, hc_mult=2, hc_sinkhorn_iters=3,
                         compress_ratios=[0, 4, 128, 4, 128, 0], num_hash_layers=2),
     "gpt_oss": dict(_COMMON, num_hidden_layers=4, intermediate_size=32, num_key_value_heads=2, head_dim=16,
@@ -29,7 +30,7 @@ TINY = {
                                             "head_dim": 16, "short_conv_kernel_size": 4}),
     "kimi_k25": dict(
         text_config=dict(_COMMON, **_MLA, model_type="kimi_k2", num_hidden_layers=3, intermediate_size=96,
-                         moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+                         moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
                          n_group=1, topk_group=1, first_k_dense_replace=1),
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48, patch_size=4,
                            pos_emb_height=8, pos_emb_width=8, pos_emb_time=2, merge_kernel_size=[2, 2]),
@@ -69,7 +70,7 @@ def tiny_k3_config() -> dict:
             "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
             "mla_use_nope": True, "mla_use_output_gate": True, "first_k_dense_replace": 1, "moe_layer_freq": 1,
             "num_experts": 8, "num_experts_per_token": 2, "num_shared_experts": 2, "moe_intermediate_size": 32,
-            "routed_expert_hidden_size": 48, "latent_moe_use_norm": True, "moe_router_activation_func": "sigmoid",
+            "routed_expert_hidden_size": 32, "latent_moe_use_norm": True, "moe_router_activation_func": "sigmoid",
             "num_expert_group": 1, "topk_group": 1, "moe_renormalize": True, "routed_scaling_factor": 1.0,
             "hidden_act": "situ", "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
             "attn_res_block_size": 2,

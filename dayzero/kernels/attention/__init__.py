@@ -1,47 +1,19 @@
-"""Triton attention kernels, registered for CUDA beside the reference ops (dayzero.ops).
+"""Triton attention kernels over the paged KV pool (dayzero.ops.paged), registered beside the reference
+ops for CUDA; importing this package imports no Triton.
 
-    gqa.py          paged_gqa_attention "triton": checks, `supports`, the entry running a plan
-    choose.py       `choose`: decode vs prefill kernel per sequence run, splits and tiles (host sizes only)
-    _gqa_decode.py  split-KV decode (flash-decoding) and its reduce kernel
-    _gqa_prefill.py flash-attention prefill over packed varlen queries with cached prefixes
-    _paged.py       the paged tile load (block table, FP8 dequantisation) and the product both kernels share
-
-Importing this package imports no Triton (that happens at the first call, after a test session may
-have set TRITON_INTERPRET); the kernels are available where Triton is installed and a CUDA device exists.
+    _mla_ops        paged_mla_attention "triton": the step split into decode and prefill runs; supports
+    _mla_decode     absorbed-form split-KV decode (all heads of a sequence in one tile) and its split merge
+    _mla_prefill    expanded-form varlen causal flash attention over gathered, up-projected latents
+    gqa             paged_gqa_attention "triton": checks, supports, the entry that runs a plan
+    gqa_choose      `choose`: which GQA kernel takes which sequences, splits and tiles (host sizes only)
+    _gqa_decode     GQA split-KV decode (flash-decoding, a kv head's query group in one tile) and its reduce
+    _gqa_prefill    GQA flash-attention prefill over packed varlen queries with cached prefixes
+    _paged_tile     page lookup, paged tile load (FP8 dequantisation) and the product the GQA kernels share
 """
 
-from __future__ import annotations
-
-import functools
-import importlib.util
-
-import torch
-
+from dayzero.kernels.attention._mla_ops import register_mla
+from dayzero.kernels.attention.gqa import register_gqa
 from dayzero.ops.registry import REGISTRY
 
-PRIORITY = 10
-
-
-@functools.cache
-def _triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def available() -> bool:
-    return _triton_installed() and torch.cuda.is_available()
-
-
-def paged_gqa_attention(*args, **kwargs):
-    from dayzero.kernels.attention.gqa import paged_gqa_attention as kernel
-
-    return kernel(*args, **kwargs)
-
-
-def supports_paged_gqa(*args, **kwargs) -> bool:
-    from dayzero.kernels.attention.gqa import supports
-
-    return supports(*args, **kwargs)
-
-
-REGISTRY.register_kernel("paged_gqa_attention", paged_gqa_attention, backend="triton", devices=["cuda"],
-                         priority=PRIORITY, available=available, supports=supports_paged_gqa)
+register_mla(REGISTRY)
+register_gqa(REGISTRY)

@@ -1,14 +1,13 @@
 """`paged_gqa_attention` on CUDA: the argument checks, `supports`, and the entry that runs the plan
 `choose` picks (decode kernel for the leading one-query sequences, prefill kernel for the rest).
 Contract and arithmetic: dayzero.ops.attention_gqa.paged_gqa_attention (the reference). Nothing here
-reads a device value: decisions use the SeqBatch host tuples and tensor metadata only."""
+reads a device value: decisions use the SeqBatch host tuples and tensor metadata only. Importing this
+module imports no Triton (the kernels' modules are imported at the first call)."""
 
 from __future__ import annotations
 
 import torch
 
-from dayzero.kernels.attention._gqa_decode import decode
-from dayzero.kernels.attention._gqa_prefill import prefill
 from dayzero.kernels.attention.gqa_choose import H200_SMS, Plan, choose
 from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
 
@@ -111,6 +110,9 @@ def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: S
                         plan: Plan | None = None) -> torch.Tensor:
     """[num_tokens, Hq, Dv] in q.dtype, as the reference op; `plan` pins the kernels and tiles (benchmarks,
     tests), else `choose` picks them. Tensors on CUDA, or on the CPU under TRITON_INTERPRET=1."""
+    from dayzero.kernels.attention._gqa_decode import decode
+    from dayzero.kernels.attention._gqa_prefill import prefill
+
     check(q, k, v, seqs, scale, sliding_window, sinks)
     out = torch.empty((q.shape[0], q.shape[1], v.entry_shape[1]), dtype=q.dtype, device=q.device)
     if q.shape[0] == 0:
@@ -127,3 +129,11 @@ def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: S
     if n < seqs.num_seqs:
         prefill(q, k, v, seqs, float(scale), sliding_window, sinks, out, n, plan.prefill)
     return out
+
+
+def register_gqa(registry) -> None:
+    """Register the Triton paged_gqa_attention for CUDA in `registry` (dayzero.ops.registry.Registry)."""
+    from dayzero.kernels import TRITON_PRIORITY, triton_cuda_available
+
+    registry.register_kernel("paged_gqa_attention", paged_gqa_attention, backend="triton", devices=["cuda"],
+                             priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports)

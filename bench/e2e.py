@@ -1,0 +1,224 @@
+"""End to end on one GPU: dayzero vs transformers' `generate` vs the roofline, in one run.
+
+    python bench/e2e.py --model /tmp/gpt-oss-20b --make          # writes the random checkpoint first if absent
+    python bench/e2e.py --model /tmp/gpt-oss-20b --quick --no-transformers
+
+Measures (greedy, random prompt token ids, `ignore_eos`):
+  decode step at batch 1 and 64 (128-token prompts): the median wall time of one engine step
+      (schedule, one packed forward, sampling, the one device-to-host copy of the ids);
+      transformers: (generate(n2) - generate(n1)) / (n2 - n1) on the same prompts;
+  prefill of 64 x 128-token prompts: from adding the requests to every first token;
+      transformers: generate(max_new_tokens=1) over the [64, 128] batch;
+  TTFT of one long prompt (4K / 16K / 32K, chunked by max_num_batched_tokens).
+Roofline, measured in the same run: copy bandwidth (a 2 GiB device-to-device copy: bytes read +
+written / time) and the bf16 matmul rate (8192^3 on random data). A decode step reads every
+non-expert weight, lm_head, the experts its tokens route to (expected distinct experts of B tokens
+picking top-k of E uniformly) and the KV cache; a prefill does 2 x active parameters FLOPs per token
+plus causal attention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def ceilings() -> tuple[float, float]:
+    """(copy bytes/s, bf16 FLOP/s) measured now."""
+    src = torch.randn(2**30 // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+
+    def timed(fn, reps=20):
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(reps):
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times)
+
+    copy = 2 * src.numel() * 2 / timed(lambda: dst.copy_(src))
+    flops = 2 * 8192**3 / timed(lambda: a @ b)
+    del src, dst, a, b
+    torch.cuda.empty_cache()
+    return copy, flops
+
+
+class Shapes:
+    """Bytes and FLOPs of a gpt-oss-style MoE model from its config."""
+
+    def __init__(self, config: dict):
+        c = config
+        self.layers, h = c["num_hidden_layers"], c["hidden_size"]
+        heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+        self.e, self.k, inter, vocab = c["num_local_experts"], c["num_experts_per_tok"], c["intermediate_size"], c["vocab_size"]
+        self.heads, self.d, self.kv = heads, d, kv
+        attn = h * (heads + 2 * kv) * d + heads * d * h
+        self.dense_params = self.layers * (attn + h * self.e) + vocab * h  # + lm_head; embeddings read by row
+        self.expert_params = 3 * h * inter  # one expert: gate, up, down
+        self.expert_bytes = self.expert_params * (0.5 + 1 / 32)  # MXFP4: 4 bits + one E8M0 byte per 32
+        self.kv_bytes_per_token = {w: self.layers // 2 * 2 * kv * d * 2 for w in ("full", "window")}
+        self.window = c.get("sliding_window") or 0
+
+    def decode_bytes(self, batch: int, context: int) -> float:
+        distinct = self.e * (1 - (1 - self.k / self.e) ** batch)
+        kv = self.kv_bytes_per_token["full"] * context + self.kv_bytes_per_token["window"] * min(context, self.window)
+        return 2 * self.dense_params + self.layers * distinct * self.expert_bytes + batch * kv
+
+    def prefill_flops(self, tokens_per_seq: int, seqs: int) -> float:
+        active = self.dense_params + self.layers * self.k * self.expert_params
+        t = tokens_per_seq
+        attn = self.layers // 2 * (4 * self.heads * self.d * t * t / 2 + 4 * self.heads * self.d * t * min(t, self.window))
+        return seqs * (2 * active * t + attn)
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
+
+
+def dayzero_numbers(path: Path, args, vocab: int) -> dict:
+    from dayzero import LLM, SamplingParams
+
+    longest = max(args.ttft, default=0)
+    llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=64, max_num_batched_tokens=args.budget,
+              max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib)
+    engine = llm.engine
+    out: dict = {}
+
+    def run(prompts, max_tokens):
+        """Add the requests; (seconds until every request has its first token, [decode step seconds])."""
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        ids = []
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for i, p in enumerate(prompts):
+            rid = f"r{time.monotonic_ns()}-{i}"
+            engine.add_request(rid, *engine.validate(p, params))
+            ids.append(rid)
+        firsts: set[str] = set()
+        while len(firsts) < len(ids):
+            for u in engine.step():
+                if u.new_token_ids:
+                    firsts.add(u.request_id)
+        prefill = time.perf_counter() - start
+        steps = []
+        while engine.has_unfinished():
+            t0 = time.perf_counter()
+            engine.step()
+            steps.append(time.perf_counter() - t0)
+        for rid in ids:
+            engine.pop_finished(rid)
+        return prefill, steps
+
+    for batch in (1, 64):
+        prompts = _prompts(batch, 128, vocab, seed=batch)
+        run(prompts, 4)  # warm-up: compile kernels, capture the MoE graphs of these token counts
+        prefill, steps = run(prompts, args.steps + 1)
+        out[f"decode_b{batch}"] = statistics.median(steps)
+        out[f"prefill_{batch}x128"] = prefill
+    for length in args.ttft:
+        run(_prompts(1, 256, vocab, seed=7), 1)
+        out[f"ttft_{length}"] = run(_prompts(1, length, vocab, seed=length), 1)[0]
+    tokens = _prompts(1, 128, vocab, seed=1)[0]
+    out["greedy_tokens"] = llm.generate([tokens], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
+    out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    del llm, engine
+    torch.cuda.empty_cache()
+    return out
+
+
+def transformers_numbers(path: Path, args, vocab: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
+    out: dict = {}
+
+    def generate(ids, n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            res = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, res
+
+    n1, n2 = 4, 4 + args.steps
+    for batch in (1, 64):
+        ids = torch.tensor(_prompts(batch, 128, vocab, seed=batch), device="cuda")
+        generate(ids, 2)  # warm-up
+        t1, _ = generate(ids, n1)
+        t2, _ = generate(ids, n2)
+        out[f"decode_b{batch}"] = (t2 - t1) / (n2 - n1)
+        out[f"prefill_{batch}x128"] = generate(ids, 1)[0]
+    ids = torch.tensor(_prompts(1, 128, vocab, seed=1), device="cuda")
+    out["greedy_tokens"] = generate(ids, 16)[1][0, 128:].tolist()
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--make", action="store_true", help="write the random gpt-oss-20b checkpoint there if absent")
+    ap.add_argument("--quick", action="store_true", help="fewer decode steps, TTFT at 4K only")
+    ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--ttft", type=int, nargs="*", default=[4096, 16384, 32768])
+    ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)")
+    ap.add_argument("--kv-gib", type=float, default=16.0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    if args.quick:
+        args.steps, args.ttft = 8, [t for t in args.ttft if t <= 4096]
+    if args.make and not (args.model / "config.json").exists():
+        from checkpoints import write_checkpoint
+
+        t0 = time.perf_counter()
+        write_checkpoint("gpt-oss-20b", args.model, "cuda")
+        print(f"wrote {args.model} in {time.perf_counter() - t0:.0f} s", flush=True)
+    config = json.loads((args.model / "config.json").read_text())
+    shapes = Shapes(config)
+    copy, flops = ceilings()
+    print(f"ceilings: copy {copy / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    ours = dayzero_numbers(args.model, args, config["vocab_size"])
+    print(f"dayzero: {ours}", flush=True)
+    theirs = {} if args.no_transformers else transformers_numbers(args.model, args, config["vocab_size"])
+    if theirs:
+        print(f"transformers: {theirs}", flush=True)
+    roof = {"decode_b1": shapes.decode_bytes(1, 140) / copy, "decode_b64": shapes.decode_bytes(64, 140) / copy,
+            "prefill_64x128": shapes.prefill_flops(128, 64) / flops, "prefill_1x128": shapes.prefill_flops(128, 1) / flops}
+    for length in args.ttft:
+        roof[f"ttft_{length}"] = shapes.prefill_flops(length, 1) / flops
+    rows = [k for k in ("decode_b1", "decode_b64", "prefill_1x128", "prefill_64x128") if k in ours]
+    rows += [f"ttft_{n}" for n in args.ttft]
+    print(f"\n{'what':16} {'dayzero':>10} {'transformers':>13} {'roofline':>10} {'roof/ours':>10} {'hf/ours':>8}")
+    for k in rows:
+        hf = theirs.get(k)
+        print(f"{k:16} {ours[k] * 1e3:9.2f}ms {'' if hf is None else f'{hf * 1e3:11.2f}ms':>13} {roof[k] * 1e3:8.2f}ms "
+              f"{roof[k] / ours[k]:10.2f} {'' if hf is None else f'{hf / ours[k]:8.1f}'}")
+    if theirs:
+        same = sum(a == b for a, b in zip(ours["greedy_tokens"], theirs["greedy_tokens"]))
+        print(f"greedy tokens agreeing with transformers (bf16, first 16): {same}/16")
+    print(f"dayzero peak GPU memory {ours['peak_gib']:.1f} GiB")
+    if args.json:
+        args.json.write_text(json.dumps({"dayzero": ours, "transformers": theirs, "roofline_s": roof,
+                                         "copy_Bps": copy, "bf16_flops": flops}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
