@@ -3,9 +3,9 @@ GPU and report what the H200 would run: shared memory, registers, spills, and th
 longest loop (HGMMA = wgmma, HMMA = mma.sync). Costs no device time; uses the ptxas and cuobjdump that
 Triton's wheel bundles (see sass_moe_mma.py).
 
-    python tools/sass_attention.py prefill                       # gpt-oss: 64/8 heads, dim 64, bf16, pages of 16
-    python tools/sass_attention.py decode --fp8 --window 128
-    python tools/sass_attention.py prefill --tile 128x128x8x3    # BLOCK_MxBLOCK_NxWARPSxSTAGES
+    python tools/sass_attention_gqa.py prefill                       # gpt-oss: 64/8 heads, dim 64, bf16, pages of 16
+    python tools/sass_attention_gqa.py decode --fp8 --window 128
+    python tools/sass_attention_gqa.py prefill --tile 128x128x8x3    # BLOCK_MxBLOCK_NxWARPSxSTAGES
 
 Arguments are specialised as a launch on gpt-oss's cache sees them: pointers, the q/out row strides and
 the pool's page/slot/head strides 16-divisible, the block-table row stride not (any table width)."""
