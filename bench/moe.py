@@ -2,6 +2,8 @@
 FP8 Triton GEMM), path C (bf16 Triton) and BF16 torch._grouped_mm, against the measured copy bandwidth
 and bf16 / FP8 matmul rates.
 
+    python bench/moe.py --quick              # one table: the production op, gpt-oss-20b and DeepSeek-V4
+    python bench/moe.py --trees OLD NEW      # the quick table of two checkouts, alternating, one table
     python bench/moe.py                      # both models, tokens 1 8 32 128 512 2048 8192, all paths
     python bench/moe.py --models gpt-oss-120b --tokens 1 32 --reps 20
     python bench/moe.py --paths A B --tokens 512 2048 8192 --prefetch   # path B, and its prefetch
@@ -31,23 +33,32 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+def _tree_from_argv() -> Path:
+    """The tree whose dayzero is imported: --tree DIR, else this script's own checkout."""
+    if "--tree" in sys.argv:
+        return Path(sys.argv[sys.argv.index("--tree") + 1]).resolve()
+    return Path(__file__).resolve().parents[1]
+
+
+sys.path.insert(0, str(_tree_from_argv()))
+
+# The quick table and the tree comparison use only what every tree has: the registry op, ExpertWeights,
+# Activation, the reference layer and mxfp4.dequantize. Kernel modules are imported by the detailed runs.
 from dayzero.formats import mxfp4  # noqa: E402
-from dayzero.kernels import moe_graphs, pdl  # noqa: E402
-
-# "eager" is the plain eager call; path A's eager call replaying its layer graphs is timed apart
-os.environ[moe_graphs.GRAPHS_ENV] = "0"
 from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference  # noqa: E402
 
 MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
+    "gpt-oss-20b": (32, 4, 2880, 2880, Activation("swiglu_clamped", alpha=1.702, limit=7.0), True),
     "gpt-oss-120b": (128, 4, 2880, 2880, Activation("swiglu_clamped", alpha=1.702, limit=7.0), True),
     "deepseek-v4": (256, 6, 4096, 2048, Activation("swiglu", limit=10.0), False),
 }
@@ -97,7 +108,9 @@ def fp8_matmul_rate() -> float:
 def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr, PDL: tl.constexpr):
     """Read words [pid * ITERS * BLOCK, +ITERS * BLOCK) of src and store their sum (so the loads stay);
     launched with programmatic dependent launch as the decode layer's kernels are (kernels/pdl.py)."""
-    pdl.start(PDL)
+    if PDL:  # kernels/pdl.py's start()
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     base = tl.program_id(0).to(tl.int64) * (ITERS * BLOCK)
     acc = tl.zeros([BLOCK], tl.int32)
     for i in tl.static_range(ITERS):
@@ -115,6 +128,8 @@ def read_floor_us(nbytes: int, reps: int, copies: int, per_graph: int = 1) -> fl
     grid = triton.cdiv(words, block * iters)
     bufs = [torch.randint(-2**31, 2**31 - 1, (words,), dtype=torch.int32, device="cuda") for _ in range(copies)]
     out = torch.empty(grid, dtype=torch.int32, device="cuda")
+    from dayzero.kernels import pdl
+
     run = lambda s: _read_kernel[(grid,)](bufs[s], out, words, BLOCK=block, ITERS=iters, num_warps=8,  # noqa: E731
                                           **pdl.launch_options(out.device))
     return graph_replay_us(run, copies, reps, per_graph)
@@ -206,6 +221,7 @@ def rel_err(a, b) -> float:
 def bench_model(name: str, tokens_list, reps: int, copies: int, l2_bytes: int, bw: float, flops: float, out_rows: list,
                 paths: tuple[str, ...], fp8_flops: float = 0.0, prefetch: bool = False, sweep: bool = False,
                 per_graph: int = 1):
+    from dayzero.kernels import moe_graphs
     from dayzero.kernels.moe_bf16 import moe_experts_bf16
     from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
 
@@ -447,6 +463,118 @@ def markdown_decode(rows, paths, per_graph: int) -> str:
     return "\n".join(lines)
 
 
+# -- the quick table, and one tree against another ------------------------------------------------
+
+QUICK_MODELS = ("gpt-oss-20b", "deepseek-v4")
+QUICK_TOKENS = (1, 8, 32, 128, 8192)
+
+
+def chosen_kernel(x, ids, experts, act) -> str:
+    """The kernel variant this tree's chooser picks for the call ('-' where the tree has no chooser)."""
+    try:
+        from dayzero.kernels.moe import plan_for
+    except ImportError:
+        return "-"
+    return plan_for(x, ids, experts, act).kernel
+
+
+def quick(models, tokens_list, reps: int, copies: int) -> dict:
+    """Per model and token count: the registry op moe_experts_mxfp4 as the engine calls it (eager; at
+    decode sizes it replays its layer graphs) and as one CUDA-graph replay, the bf16 torch._grouped_mm
+    layer (baseline), and the roofline: the larger of the active experts' MXFP4 bytes at copy bandwidth
+    and the FLOPs at the bf16 matmul rate."""
+    from dayzero import ops
+
+    props = torch.cuda.get_device_properties(0)
+    bw, flops = copy_bandwidth(), matmul_rate()
+    info = {"device": props.name, "date": str(datetime.date.today()), "torch": torch.__version__,
+            "triton": triton.__version__, "copy_bytes_per_s": bw, "bf16_flops": flops, "rows": []}
+    for name in models:
+        E, k, H, I, act, bias = MODELS[name]
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        params = 3 * H * I
+        base = random_experts(E, H, I, bias, gen)
+        mx_sets = mxfp4_copies(base, copies)
+        bf = to_bf16(base)
+        bf_sets = [bf] + [ExpertWeights("bf16", bf.w13.clone(), bf.w2.clone(), b13=bf.b13, b2=bf.b2)
+                          for _ in range(copies - 1)]
+        for T in tokens_list:
+            x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
+            ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
+            w = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
+            distinct = int(torch.unique(ids).numel())
+            ref = _experts_reference(x.float(), ids, w, base, act)
+            ours = lambda s: ops.moe_experts_mxfp4(x, ids, w, mx_sets[s], act)  # noqa: E731
+            base_fn = lambda s: grouped_mm_layer(x, ids, w, bf_sets[s], act)  # noqa: E731
+            row = {"model": name, "tokens": T, "experts": distinct, "kernel": chosen_kernel(x, ids, base, act),
+                   "err": rel_err(ours(0), ref), "err_baseline": rel_err(base_fn(0), ref)}
+            for s in range(2 * copies):  # compiles, and lets eager decode calls capture their layer graphs
+                ours(s % copies)
+            row["eager_us"] = 1e3 * median_ms(ours, reps, copies)
+            row["graph_us"] = graph_replay_us(ours, copies, reps)
+            row["baseline_us"] = graph_replay_us(base_fn, copies, reps)
+            row["roofline_us"] = 1e6 * max(distinct * params * 17 / 32 / bw, 2 * T * k * params / flops)
+            info["rows"].append(row)
+            print(f"{name:>12} T={T:>5} {row['kernel']:>11}: eager {row['eager_us']:9.1f} graph {row['graph_us']:9.1f} "
+                  f"grouped_mm {row['baseline_us']:9.1f} roofline {row['roofline_us']:8.1f} us, err {row['err']:.1e}",
+                  flush=True)
+        del mx_sets, bf_sets, base, bf
+        torch.cuda.empty_cache()
+    return info
+
+
+def markdown_quick(info: dict) -> str:
+    head = ["model", "T", "experts", "kernel", "ours eager µs", "ours graph µs", "grouped_mm bf16 graph µs",
+            "roofline µs", "roofline / ours (graph)", "ours rel err"]
+    lines = [f"{info['date']} {info['device']}, torch {info['torch']}, Triton {info['triton']}; copy "
+             f"{info['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), bf16 matmul {info['bf16_flops'] / 1e12:.0f} TFLOP/s",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in info["rows"]:
+        lines.append(f"| {r['model']} | {r['tokens']} | {r['experts']} | {r['kernel']} | {r['eager_us']:.1f} | "
+                     f"{r['graph_us']:.1f} | {r['baseline_us']:.1f} | {r['roofline_us']:.1f} | "
+                     f"{r['roofline_us'] / r['graph_us']:.0%} | {r['err']:.1e} |")
+    return "\n".join(lines)
+
+
+def compare_trees(trees: list[Path], rounds: int, passthrough: list[str]) -> None:
+    """Run the quick table of each tree in its own process (this script, with --tree), the trees
+    alternating for `rounds` rounds, and print one table: each tree's median eager and graph times and
+    their ratio to the first tree's."""
+    runs: dict[int, list[dict]] = {i: [] for i in range(len(trees))}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(rounds):
+            for i, tree in enumerate(trees):
+                out = Path(tmp) / f"{rnd}-{i}.json"
+                cmd = [sys.executable, str(Path(__file__).resolve()), "--quick", "--tree", str(tree), "--json", str(out),
+                       *passthrough]
+                print(f"round {rnd + 1}/{rounds}: {tree}", flush=True)
+                subprocess.run(cmd, check=True)
+                runs[i].append(json.loads(out.read_text()))
+
+    def med(i, key, model, T):
+        return statistics.median(r[key] for run in runs[i] for r in run["rows"] if (r["model"], r["tokens"]) == (model, T))
+
+    first = runs[0][0]
+    print(f"\n{first['date']} {first['device']}, torch {first['torch']}, Triton {first['triton']}; medians over "
+          f"{rounds} round(s) of each tree, the trees alternating")
+    for i, tree in enumerate(trees):
+        print(f"  tree {i}: {tree}")
+    head = ["model", "T"] + [f"tree {i} {what}" for what in ("eager µs", "graph µs") for i in range(len(trees))]
+    head += [f"tree {i}/0 {what}" for what in ("eager", "graph") for i in range(1, len(trees))]
+    head += [f"tree {i} kernel" for i in range(len(trees))]
+    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for r in first["rows"]:
+        m, T = r["model"], r["tokens"]
+        cells = [m, str(T)]
+        for key in ("eager_us", "graph_us"):
+            cells += [f"{med(i, key, m, T):.1f}" for i in range(len(trees))]
+        for key in ("eager_us", "graph_us"):
+            cells += [f"{med(i, key, m, T) / med(0, key, m, T):.3f}" for i in range(1, len(trees))]
+        cells += [next(x["kernel"] for x in runs[i][0]["rows"] if (x["model"], x["tokens"]) == (m, T))
+                  for i in range(len(trees))]
+        print("| " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -459,9 +587,36 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the raw rows here")
     ap.add_argument("--layers-per-graph", type=int, default=8,
                     help=f"up to {MULTI_LAYER_MAX_TOKENS} tokens: also time this many layer calls in one graph")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"one table: the production op at {' '.join(map(str, QUICK_TOKENS))} tokens on "
+                         f"{' and '.join(QUICK_MODELS)} shapes, against grouped_mm and the roofline")
+    ap.add_argument("--tree", type=Path, help="import dayzero from this checkout (default: this script's)")
+    ap.add_argument("--trees", nargs="+", type=Path,
+                    help="compare the quick tables of these checkouts (one process each, alternating)")
+    ap.add_argument("--rounds", type=int, default=2, help="with --trees: rounds over the trees")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/moe.py needs a CUDA device")
+    if args.trees:
+        extra = ["--reps", str(args.reps), "--copies", str(args.copies)]
+        if "--models" in sys.argv:
+            extra += ["--models", *args.models]
+        if "--tokens" in sys.argv:
+            extra += ["--tokens", *map(str, args.tokens)]
+        compare_trees(args.trees, args.rounds, extra)
+        return
+    if args.quick:
+        models = args.models if "--models" in sys.argv else list(QUICK_MODELS)
+        tokens = args.tokens if "--tokens" in sys.argv else list(QUICK_TOKENS)
+        info = quick(models, tokens, args.reps, args.copies)
+        print("\n" + markdown_quick(info))
+        if args.json:
+            args.json.write_text(json.dumps(info, indent=1))
+        return
+    from dayzero.kernels import moe_graphs
+
+    # "eager" is the plain eager call; path A's eager call replaying its layer graphs is timed apart
+    os.environ[moe_graphs.GRAPHS_ENV] = "0"
     paths = tuple(p for p in args.paths if p != "grouped_mm" or hasattr(torch, "_grouped_mm"))
     props = torch.cuda.get_device_properties(0)
     bw, flops = copy_bandwidth(), matmul_rate()
