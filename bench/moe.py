@@ -5,6 +5,7 @@ rate).
 
     python bench/moe.py --quick                   # 1 8 32 128 8192 tokens, gpt-oss-20b and DeepSeek-V4 shapes
     python bench/moe.py --trees OLD NEW           # the quick table of two checkouts, alternating, one table
+                                                  # (--rounds 1 --no-baseline: about half the time)
     python bench/moe.py --models gpt-oss-120b deepseek-v4 --tokens 1 8 32 128 512 2048 8192 \
         --kernels decode gemm mma wgmma fp8 --layers-per-graph 8
     python bench/moe.py --models gpt-oss-120b --tokens 1 \
@@ -477,14 +478,13 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/moe.py needs a CUDA device")
     if args.trees:
-        extra = ["--reps", str(args.reps), "--copies", str(args.copies)]
+        extra = ["--reps", str(args.reps), "--copies", str(args.copies)] + (["--no-baseline"] if args.no_baseline else [])
         extra += ["--models", *args.models] if args.models else []
         extra += ["--tokens", *map(str, args.tokens)] if args.tokens else []
         compare_trees(args.trees, args.rounds, extra)
         return
-    if args.quick and (args.kernels or args.plan or args.layers_per_graph > 1 or args.no_baseline):
-        sys.exit("--quick times the production op and the baseline only (no --kernels, --plan, --layers-per-graph, "
-                 "--no-baseline)")
+    if args.quick and (args.kernels or args.plan or args.layers_per_graph > 1):
+        sys.exit("--quick times the production op (and the baseline) only: no --kernels, --plan, --layers-per-graph")
     models = args.models or list(QUICK_MODELS if args.quick else MODELS)
     tokens = args.tokens or list(QUICK_TOKENS if args.quick else TOKENS)
     props = torch.cuda.get_device_properties(0)

@@ -120,7 +120,7 @@ class Settings:
 
     def variant(self, op: str) -> str | None:
         """The variant DAYZERO_VARIANT forces for `op`, or None."""
-        return dict(self.variants).get(op)
+        return next((variant for name, variant in self.variants if name == op), None)
 
 
 def fields() -> tuple[dataclasses.Field, ...]:

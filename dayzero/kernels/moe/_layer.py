@@ -45,19 +45,19 @@ def moe_experts_mxfp4(x, topk_ids, topk_weights, experts, activation, plan: Plan
     """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(x[t]) with MXFP4 experts; x bf16 [T, H] -> [T, H].
     plan: run this instead of choose()'s (a benchmark or a test pinning a kernel and its tiles)."""
     check_mxfp4_call(x, topk_ids, topk_weights, experts, activation)
-    return _run(plan or plan_for(x, topk_ids, experts), x, topk_ids, topk_weights, experts, activation)
+    return _run(plan, x, topk_ids, topk_weights, experts, activation)
 
 
 def moe_experts_bf16(x, topk_ids, topk_weights, experts, activation, plan: Plan | None = None) -> torch.Tensor:
     """The same with bf16 experts (path C)."""
     check_bf16_call(x, topk_ids, topk_weights, experts, activation)
-    return _run(plan or plan_for(x, topk_ids, experts), x, topk_ids, topk_weights, experts, activation)
+    return _run(plan, x, topk_ids, topk_weights, experts, activation)
 
 
 def moe_experts_fp8(x, topk_ids, topk_weights, experts, activation, plan: Plan | None = None) -> torch.Tensor:
     """The same with FP8 E4M3 experts and 128 x 128 float32 block scales (DeepSeek-V3)."""
     check_fp8_call(x, topk_ids, topk_weights, experts, activation)
-    return _run(plan or plan_for(x, topk_ids, experts), x, topk_ids, topk_weights, experts, activation)
+    return _run(plan, x, topk_ids, topk_weights, experts, activation)
 
 
 @functools.lru_cache(maxsize=64)
@@ -86,8 +86,12 @@ def plan_for(x: torch.Tensor, topk_ids: torch.Tensor, experts) -> Plan:
     return choose(shapes, device, current, workspace_warm=warm)
 
 
-def _run(plan: Plan, x, topk_ids, topk_weights, experts, activation) -> torch.Tensor:
-    _check_plan(plan, experts.format, x)
+def _run(plan: Plan | None, x, topk_ids, topk_weights, experts, activation) -> torch.Tensor:
+    """Run the caller's plan (checked first) or, with None, the one choose() gives the call."""
+    if plan is None:
+        plan = plan_for(x, topk_ids, experts)
+    else:
+        _check_plan(plan, experts.format, x)
     if x.shape[0] == 0:
         return torch.zeros_like(x)
     layer = _LAYERS[plan.kernel]
