@@ -1,4 +1,4 @@
-"""Top-k routing: the Triton kernels (dayzero/kernels/routing.py) against the reference ops (PyTorch on
+"""Top-k routing: the Triton kernels (dayzero/kernels/routing/) against the reference ops (PyTorch on
 the same GPU), per call, eager and inside a CUDA graph.
 
     python bench/routing.py                  # every model's routing at T = 1, 128, 8192
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from dayzero.kernels import routing
+    from dayzero.kernels.routing import _topk as routing
 
     torch.manual_seed(0)
     print(f"{datetime.date.today()}  {torch.cuda.get_device_name()}  torch {torch.__version__}")

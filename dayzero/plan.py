@@ -254,7 +254,7 @@ def weight_bytes(spec: ModelSpec) -> dict[str, float]:
 class WorkspacePolicy:
     """The cross-layer FP8 expert workspace: experts stored in a 4-bit format (mxfp4, int4) are
     converted to FP8 (1 B + one fp32 scale per fp8_block: 1 x 128 along K, the layout of
-    dayzero/kernels/fp8_workspace.py) when a layer's step activates them, into a buffer reused by
+    dayzero/kernels/moe/_workspace.py) when a layer's step activates them, into a buffer reused by
     every layer. Per GPU it holds `buffers` layers' worth of
     min(local experts, top_k * max_tokens_per_step) experts, local = ceil(num_experts / gpus)
     under an even expert split. buffers=2 lets the next layer convert while this one computes.

@@ -127,6 +127,10 @@ DEEPSEEK_ROPE_THETA = 10000.0  # DeepseekV3Config / DeepseekV32Config / Deepseek
 WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",)}  # first: the default
 
 
+# what transformers' DeepseekV32Config names a DSA layer: "indexed_attention" (5.24), "deepseek_sparse_attention" (5.17)
+DSA_LAYER_TYPES = ("indexed_attention", "deepseek_sparse_attention")
+
+
 def with_defaults(cfg: Mapping[str, Any], model_type: str) -> dict:
     """A text model's config with every missing field set as DEFAULTS says (an explicit null is
     kept: it is a value); a field given under an alias is copied to its DEFAULTS name."""
@@ -616,9 +620,9 @@ def _load_deepseek_v3(cfg: dict, model_type: str, quant: QuantSpec, source: str)
 
     if is_v32:
         layer_types = cfg.get("layer_types") or ["indexed_attention"] * n
-        bad = sorted({t for t in layer_types if t != "indexed_attention"})
+        bad = sorted({t for t in layer_types if t not in DSA_LAYER_TYPES})
         if bad:
-            raise UnsupportedModelError("layer_types", bad[0], ("indexed_attention",), source)
+            raise UnsupportedModelError("layer_types", bad[0], DSA_LAYER_TYPES, source)
         index = dict(index_n_heads=int(cfg.get("index_n_heads", 64)), index_head_dim=int(cfg.get("index_head_dim", 128)),
                      index_topk=int(cfg.get("index_topk", 2048)))
         attention = _mla(cfg, kind="dsa", index=index)

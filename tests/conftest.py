@@ -3,11 +3,16 @@ import pytest
 
 @pytest.fixture(autouse=True, scope="session")
 def _demo_cache_in_tmp(tmp_path_factory):
-    """Keep the demo checkpoint cache (DAYZERO_CACHE) inside pytest's temp dir, not the user's home."""
+    """Keep the demo checkpoint cache (DAYZERO_CACHE) inside pytest's temp dir, not the user's home: in the
+    environment (for subprocesses) and in the settings, which read it once."""
+    from dayzero import settings
+
     mp = pytest.MonkeyPatch()
     mp.setenv("DAYZERO_CACHE", str(tmp_path_factory.mktemp("dayzero-cache")))
+    settings.reload()
     yield
     mp.undo()
+    settings.reload()
 
 
 @pytest.fixture(autouse=True)

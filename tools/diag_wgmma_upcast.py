@@ -1,8 +1,9 @@
-"""Where the Gluon prefill GEMM's time goes: the two GEMMs of moe_wgmma at one tile, timed in turn
-(bench/moe_decode.interleaved_us) against copies of the kernel module with the weight upcast made
-cheaper. A diagnostic: the variants compute wrong numbers on purpose (their outputs are not checked).
+"""Where the Gluon prefill GEMM's time goes: the two GEMMs of the wgmma kernel (dayzero/kernels/moe/_wgmma.py)
+at one tile, timed in turn (bench/moe.interleaved_us) against copies of the kernel module with the weight
+upcast made cheaper. A diagnostic: the variants compute wrong numbers on purpose (their outputs are not
+checked).
 
-    python3 tools/diag_wgmma_upcast.py --tokens 8192 --tile 256x3lop
+    python3 tools/diag_wgmma_upcast.py --tokens 8192 --config 'WgmmaConfig(256, 3, pipeline=True)'
 
 Variants: "real" (the module as it is), "nomul" (the bits of each code pair without the bf16 multiply
 by the scale), "cheap" (each weight word reinterpreted as bf16 pairs: one shift per pair, no masks,
@@ -14,6 +15,7 @@ the accumulator's sum per program: no activation, bias, router weight or row sto
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
 import sys
 import tempfile
@@ -23,11 +25,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import MODELS, mxfp4_copies, random_experts  # noqa: E402
-from bench.moe_decode_ab import load  # noqa: E402
-from bench.moe_decode import interleaved_us  # noqa: E402
-from bench.moe_wgmma import tile_arg  # noqa: E402
-from dayzero.kernels import moe_wgmma  # noqa: E402
+from bench.moe import MODELS, interleaved_us, mxfp4_copies, random_experts  # noqa: E402
+from dayzero.kernels.moe import _wgmma as moe_wgmma  # noqa: E402
+from dayzero.kernels.moe.configs import WgmmaConfig  # noqa: E402
 
 PAIR_BITS = """    t = words >> SHIFT
     return ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12)
@@ -50,23 +50,30 @@ VARIANTS = {"nomul": [(MUL, NO_MUL)], "cheap": CHEAP, "noepi": [(EPILOGUE, NO_EP
 
 
 def variant_module(name: str, tmp: Path):
+    """A copy of the kernel module with VARIANTS[name] applied, imported under its own name."""
     src = inspect.getsource(moe_wgmma)
     for old, new in VARIANTS[name]:
         assert old in src, (name, old)
         src = src.replace(old, new)
-    path = tmp / f"moe_wgmma_{name.replace('+', '_')}.py"
+    path = tmp / f"wgmma_{name.replace('+', '_')}.py"
     path.write_text(src)
-    return load(path, path.stem)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # Gluon resolves a kernel's globals through its module
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192])
-    ap.add_argument("--tile", type=tile_arg, default=tile_arg("256x3lop"))
+    ap.add_argument("--config", default="WgmmaConfig(256, 3, pipeline=True)",
+                    help="a WgmmaConfig expression (kernels/moe/configs.py)")
     ap.add_argument("--reps", type=int, default=10)
     args = ap.parse_args()
-    cfg, _, text = args.tile
+    cfg = eval(args.config, {"__builtins__": {}}, {"WgmmaConfig": WgmmaConfig})  # noqa: S307 (a tool's flag)
+    text = args.config
     tmp = Path(tempfile.mkdtemp())
     mods = {"real": moe_wgmma, **{v: variant_module(v, tmp) for v in VARIANTS}}
     for name in args.models:
@@ -80,7 +87,7 @@ def main() -> None:
             x = torch.randn(T, H, device="cuda", generator=gen).bfloat16()
             ids = torch.rand(T, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
             rw = torch.softmax(torch.randn(T, k, device="cuda", generator=gen), -1)
-            d, runs = moe_wgmma.plan(ids, E, cfg)
+            d, runs = moe_wgmma.launches(ids, E, cfg)
             xp = moe_wgmma.gather_permute(x, d, gather=True)
             fns = {v: (lambda s, m=m: m.expert_gemms(xp, d, runs, *words[s], base.b13, base.b2, act, rw, inter=I,
                                                        high_scales=False))

@@ -1,4 +1,5 @@
-"""Run path A's decode layer (default tiles) a few times on one GPU, for an external profiler:
+"""Run the routed-expert layer as the kernel library chooses it (the decode kernels at decode sizes) a few
+times on one GPU, for an external profiler:
 
     ncu --kernel-name regex:_moe_decode --launch-skip 4 --launch-count 2 --section SpeedOfLight \
         python3 tools/run_decode_layer.py --model gpt-oss-120b --tokens 8
@@ -23,7 +24,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--calls", type=int, default=4)
     args = ap.parse_args()
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+    from dayzero.kernels.moe import moe_experts_mxfp4
 
     E, k, H, I, act, bias = MODELS[args.model]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -32,7 +33,7 @@ def main() -> None:
     ids = torch.rand(args.tokens, E, device="cuda", generator=gen).argsort(dim=1)[:, :k]
     w = torch.softmax(torch.randn(args.tokens, k, device="cuda", generator=gen), -1)
     for _ in range(args.calls):
-        moe_experts_mxfp4(x, ids, w, experts, act, path="a")
+        moe_experts_mxfp4(x, ids, w, experts, act)
     torch.cuda.synchronize()
 
 

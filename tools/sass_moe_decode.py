@@ -1,9 +1,9 @@
-"""Compile a decode GEMM of path A (dayzero/kernels/moe_decode.py) for sm_90 on a machine without a GPU and
+"""Compile a decode GEMM of path A (dayzero/kernels/moe/_decode.py) for sm_90 on a machine without a GPU and
 report its registers, spills and the SASS opcodes of its main loop per weight word each thread decodes.
 Costs no device time; uses the ptxas and cuobjdump that Triton's wheel bundles (see sass_moe_mma.py).
 
-    python tools/sass_moe_decode.py --k 2880 --gated --tile 1x64x256x8     # gpt-oss gate/up, one token
-    python tools/sass_moe_decode.py --k 2880 --tile 1x16x1024x8            # its down GEMM
+    python tools/sass_moe_decode.py --k 2880 --gated --tile 1x32x512x8 --stages 3 --pdl   # gpt-oss gate/up, one token
+    python tools/sass_moe_decode.py --k 2880 --tile 1x32x1024x8 --early --pdl              # its down GEMM
 """
 
 from __future__ import annotations
@@ -23,44 +23,38 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from tools.sass_moe_mma import disassemble, loop_opcodes  # noqa: E402
 
-ARGS = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
-        ("out_ptr", None), ("out_s_ptr", "*fp32"), ("row_pair_ptr", "*i32"), ("block_expert_ptr", "*i32"),
-        ("router_weight_ptr", "*fp32"), ("S", "i32"), ("E", "i32"), ("stride_be", "i32"), ("stride_part", "i32"),
-        ("alpha", "fp32"), ("limit", "fp32")]
+TYPES = {"xq_ptr": "*i32", "xs_ptr": "*fp32", "w_ptr": "*i32", "s_ptr": "*u8", "bias_ptr": "*bf16",
+         "out_s_ptr": "*fp32", "row_pair_ptr": "*i32", "block_expert_ptr": "*i32", "router_weight_ptr": "*fp32",
+         "S": "i32", "E": "i32", "stride_be": "i32", "alpha": "fp32", "limit": "fp32"}
 
 
 def compile_decode(k: int, out_n: int, gated: bool, tile: tuple[int, int, int, int], module=None, stages: int = 0,
                    early: bool = False, pdl: bool = False, normal: bool = False):
-    """The decode GEMM as decode_gemm launches it (no split-K, biases, gpt-oss's clamped activation when
-    gated) for sm_90; `module` defaults to dayzero.kernels.moe_decode (another version's file can be
-    passed to compare); stages: 0 the register prefetch, n >= 2 the software-pipelined loop; early: the
-    pair-order dispatch, the prefetched tiles loaded before the PDL wait (pdl: compiled with the wait);
-    normal: the one-shift E8M0 factors (every scale byte in 1..254)."""
+    """The decode GEMM as decode_gemm launches it (biases, gpt-oss's clamped activation when gated) for
+    sm_90; `module` defaults to dayzero.kernels.moe._decode (another version's file can be passed to
+    compare, if its kernel has the same arguments); stages: 0 the register prefetch, n >= 2 the software-
+    pipelined loop; early: the pair-order dispatch, the prefetched tiles loaded before the PDL wait (pdl:
+    compiled with the wait); normal: the one-shift E8M0 factors (every scale byte in 1..254)."""
     if module is None:
-        from dayzero.kernels import moe_decode as module
+        from dayzero.kernels.moe import _decode as module
+    kernel = module._moe_decode_kernel
     bm, bn, bk, warps = tile
-    sig = {name: ty or ("*i32" if gated else "*fp32") for name, ty in ARGS}
     consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, GATHER=gated, TOP_K=4,
-                  ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, K_CHUNK=0,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), USE_ASM=True)
-    if "STAGES" in module._moe_decode_kernel.arg_names:
-        consts["STAGES"] = stages
-    elif stages:
-        raise ValueError("that version of the decode kernel has no STAGES")
-    if "EARLY" in module._moe_decode_kernel.arg_names:
-        consts.update(PAIR_ORDER=early, EARLY=early, PDL=pdl)
-    elif early or pdl:
-        raise ValueError("that version of the decode kernel has no EARLY")
-    if "NORMAL_SCALES" in module._moe_decode_kernel.arg_names:
-        consts["NORMAL_SCALES"] = normal
-    elif normal:
-        raise ValueError("that version of the decode kernel has no NORMAL_SCALES")
-    for param in module._moe_decode_kernel.params:  # other constexprs at their defaults, as a launch takes them
-        if param.is_constexpr and param.name not in consts and param.has_default:
-            consts[param.name] = param.default
-    sig.update({name: "constexpr" for name in consts})
-    attrs = {(i,): [["tt.divisibility", 16]] for i, (name, _) in enumerate(ARGS) if name.endswith("_ptr")}
-    src = ASTSource(fn=module._moe_decode_kernel, signature=sig, constexprs=consts, attrs=attrs)
+                  ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated,
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), USE_ASM=True, STAGES=stages,
+                  PAIR_ORDER=early, EARLY=early, PDL=pdl, NORMAL_SCALES=normal)
+    sig = {}
+    for param in kernel.params:  # in the kernel's order; constexprs not given at their defaults
+        if param.is_constexpr:
+            if param.name not in consts:
+                consts[param.name] = param.default
+            sig[param.name] = "constexpr"
+        else:
+            sig[param.name] = "*i32" if param.name == "out_ptr" and gated else "*fp32" if param.name == "out_ptr" \
+                else TYPES[param.name]
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if n.endswith("_ptr")}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=1))
 
 
@@ -86,13 +80,13 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="compile the PDL wait in")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
     ap.add_argument("--dump", type=Path, help="write the SASS of this tree's kernel there")
-    ap.add_argument("--compare", type=Path, help="another version of moe_decode.py to report beside this one")
+    ap.add_argument("--compare", type=Path, help="another version of _decode.py to report beside this one")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
     versions = [("this tree", None)]
     if args.compare:
         import importlib.util
-        spec = importlib.util.spec_from_file_location("moe_decode_compare", args.compare)
+        spec = importlib.util.spec_from_file_location("decode_compare", args.compare)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod
         spec.loader.exec_module(mod)

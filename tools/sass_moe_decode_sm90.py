@@ -1,10 +1,10 @@
-"""Compile a Gluon decode GEMM of path A (dayzero/kernels/moe_decode_sm90.py) for sm_90 on a machine without
+"""Compile a Gluon decode GEMM of path A (dayzero/kernels/moe/_decode_sm90.py) for sm_90 on a machine without
 a GPU and report its registers, spills, shared memory, CTA barriers and the SASS opcodes per weight word
 (the K loop is unrolled: the whole kernel's count, prologue and epilogue included). Costs no device time;
 uses the ptxas and cuobjdump that Triton's wheel bundles (see sass_moe_mma.py).
 
-    python tools/sass_moe_decode_sm90.py --k 2880 --gated --tile 32x256x8 --stages 3 --smem   # gpt-oss gate/up
-    python tools/sass_moe_decode_sm90.py --k 2880 --tile 32x512x8 --stages 4 --smem           # its down GEMM
+    python tools/sass_moe_decode_sm90.py --k 2880 --gated --tile 32x256x8 --stages 3   # gpt-oss gate/up
+    python tools/sass_moe_decode_sm90.py --k 2880 --tile 32x512x8 --stages 4           # its down GEMM
 """
 
 from __future__ import annotations
@@ -23,23 +23,22 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from dayzero.kernels import moe_decode_sm90  # noqa: E402
+from dayzero.kernels.moe import _decode_sm90 as moe_decode_sm90  # noqa: E402
 from tools.sass_moe_mma import disassemble  # noqa: E402
 
 
-def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], stages: int, smem: bool,
-                 normal: bool):
+def compile_gemm(k: int, out_n: int, gated: bool, tile: tuple[int, int, int], stages: int, normal: bool):
     """The Gluon decode GEMM as decode_gemm_sm90 launches it (biases, gpt-oss's clamped activation when
     gated, PDL) for sm_90."""
     bn, bk, warps = tile
     args = [("xq_ptr", "*i32"), ("xs_ptr", "*fp32"), ("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"),
-            ("out_ptr", "*i32" if gated else "*fp32"), ("out_s_ptr", "*fp32"), ("ids_ptr", "*i32"),
+            ("out_ptr", "*i32" if gated else "*fp32"), ("out_s_ptr", "*fp32"), ("ids_ptr", "*i64"),
             ("router_weight_ptr", "*fp32"), ("S", "i32"), ("E", "i32"), ("stride_be", "i32"), ("alpha", "fp32"),
             ("limit", "fp32")]
     sig = dict(args)
     consts = dict(K=k, NW=2 * out_n if gated else out_n, OUT_N=out_n, TOP_K=4, GATHER=gated,
                   ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True, ROUTER_WEIGHT=not gated, BLOCK_N=bn,
-                  BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), STAGES=stages, NORMAL=normal, PDL=True, SMEM=smem,
+                  BLOCK_K=min(bk, 1 << (k.bit_length() - 1)), STAGES=stages, NORMAL=normal, PDL=True,
                   num_warps=warps)
     sig.update({name: "constexpr" for name in consts})
     names = list(sig)
@@ -70,13 +69,12 @@ def main() -> None:
     ap.add_argument("--out", type=int, default=2880, help="outputs (intermediate for gate/up, hidden for down)")
     ap.add_argument("--gated", action="store_true", help="the gate/up GEMM (gate and up rows, activation)")
     ap.add_argument("--tile", required=True, help="BLOCK_NxBLOCK_KxWARPS, e.g. 32x256x8")
-    ap.add_argument("--stages", type=int, default=3, help="n: n - 1 weight tiles in flight")
-    ap.add_argument("--smem", action="store_true", help="tiles through a ring of shared memory (cp.async)")
+    ap.add_argument("--stages", type=int, default=3, help="n ring slots: n - 1 weight tiles in flight")
     ap.add_argument("--normal", action="store_true", help="the one-shift E8M0 factors (scale bytes in 1..254)")
     ap.add_argument("--dump", type=Path, help="write the SASS there")
     args = ap.parse_args()
     tile = tuple(int(v) for v in args.tile.split("x"))
-    compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.smem, args.normal)
+    compiled = compile_gemm(args.k, args.out, args.gated, tile, args.stages, args.normal)
     r = report(compiled, args.k, args.gated, tile, args.dump)
     per = {op: n / r["words"] for op, n in r["ops"].items()}
     print(f"shared {compiled.metadata.shared} B, registers {r['registers']}, stack (spills) {r['stack']} B, "

@@ -1,11 +1,11 @@
-"""Compile the prefill GEMM (dayzero/kernels/moe_mma.py) for sm_90 on a machine without a GPU and report
+"""Compile the prefill GEMM (dayzero/kernels/moe/_mma.py) for sm_90 on a machine without a GPU and report
 what the H200 would run: shared memory, registers, spills, and the SASS opcodes of the main loop.
 Costs no device time; uses the ptxas and cuobjdump that Triton's wheel bundles.
 
     python tools/sass_moe_mma.py --k 2880 --mxfp4 --gated --tile 128x64x64x4x4
     python tools/sass_moe_mma.py --k 4096 --tile 128x256x64x8x3 --dump out.sass   # bf16 down GEMM
 
-The kernel's integer arguments are specialised as `mma_gemm` launches them on contiguous weights:
+The kernel's integer arguments are specialised as `_mma.mma_gemm` launches them on contiguous weights:
 pointers and the activation / output row strides 16-divisible; the weight row stride too for bf16
 (`--stride-aligned` forces it for MXFP4, which Triton 3.6 fails to compile: docs/kernels.md).
 """
@@ -27,7 +27,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from dayzero.kernels import moe_mma  # noqa: E402
+from dayzero.kernels.moe import _mma as moe_mma  # noqa: E402
 
 ARGS = [("a_ptr", "*bf16"), ("w_ptr", None), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"), ("out_ptr", "*bf16"),
         ("row_pair_ptr", "*i32"), ("block_expert_ptr", "*i32"), ("router_weight_ptr", "*fp32"),

@@ -1,4 +1,4 @@
-"""Compile the Gluon prefill GEMM (dayzero/kernels/moe_wgmma.py) for sm_90 on a machine without a GPU and
+"""Compile the Gluon prefill GEMM (dayzero/kernels/moe/_wgmma.py) for sm_90 on a machine without a GPU and
 report what the H200 would run: shared memory, registers, spills, and the SASS opcodes of the K loop
 (the loop that issues HGMMA). Costs no device time; uses the ptxas and cuobjdump bundled with Triton.
 
@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon._runtime import GluonASTSource  # noqa: E402
 
-from dayzero.kernels import moe_wgmma  # noqa: E402
+from dayzero.kernels.moe import _wgmma as moe_wgmma  # noqa: E402
 from tools.sass_moe_mma import report  # noqa: E402
 
 ARGS = [("w_ptr", "*i32"), ("s_ptr", "*u8"), ("bias_ptr", "*bf16"), ("out_ptr", "*bf16"), ("row_pair_ptr", "*i32"),
@@ -38,12 +38,12 @@ ALIGNED = {"N", "w_ptr", "s_ptr", "bias_ptr", "out_ptr", "row_pair_ptr", "block_
            "stride_we", "stride_wn", "stride_se", "stride_sn", "stride_om"}
 
 
-def compile_variant(k: int, gated: bool, bt: int, stages: int, high: bool, a_smem: bool = False,
-                    pipeline: bool = False, scheduled: bool = False):
+def compile_variant(k: int, gated: bool, bt: int, stages: int, high: bool, pipeline: bool = False,
+                    scheduled: bool = False):
     layout = gl.NVMMASharedLayout.get_default_for([bt, moe_wgmma.BLOCK_K], gl.bfloat16)
     sig = {"x_desc": f"tensordesc<bf16[{bt}, {moe_wgmma.BLOCK_K}],{layout!r}>", **dict(ARGS)}
     consts = dict(K=k, GATED=gated, ACTIVATION=2 if gated else 0, HAS_LIMIT=gated, HAS_BIAS=True,
-                  ROUTER_WEIGHT=not gated, PERMUTE_OUT=gated, HIGH_SCALES=high, BLOCK_T=bt, STAGES=stages, GROUP_M=8, A_SMEM=a_smem,
+                  ROUTER_WEIGHT=not gated, PERMUTE_OUT=gated, HIGH_SCALES=high, BLOCK_T=bt, STAGES=stages, GROUP_M=8,
                   PIPELINE=pipeline, SCHEDULED=scheduled,
                   num_warps=moe_wgmma.NUM_WARPS)
     sig.update({name: "constexpr" for name in consts})
@@ -84,13 +84,11 @@ def main() -> None:
     ap.add_argument("--bt", type=int, default=128, help="padded rows per program")
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--low", action="store_true", help="one bf16 multiply per pair (no scale bytes above 128)")
-    ap.add_argument("--a-smem", action="store_true", help="the upcast tile through shared memory (A_SMEM)")
     ap.add_argument("--pipeline", action="store_true", help="two register sets, one wgmma in flight (PIPELINE)")
     ap.add_argument("--scheduled", action="store_true", help="blocks from a BlockList (split_blocks)")
     ap.add_argument("--dump", type=Path, help="write the whole SASS here")
     args = ap.parse_args()
-    compiled = compile_variant(args.k, args.gated, args.bt, args.stages, not args.low, args.a_smem, args.pipeline,
-                               args.scheduled)
+    compiled = compile_variant(args.k, args.gated, args.bt, args.stages, not args.low, args.pipeline, args.scheduled)
     report(compiled, mma_loop_opcodes, args.dump, 40)
 
 if __name__ == "__main__":

@@ -5,15 +5,10 @@ the pool doubles when the sequences outgrow it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from dayzero.cache.paged import CacheLayout, PagedKVStorage, PagedStepCache, checked_layout
 from dayzero.cache.step import SeqStep, build_step
-
-if TYPE_CHECKING:
-    from dayzero.models.base import CausalLM
 
 BLOCK_SIZE = 16
 
@@ -26,7 +21,7 @@ def _block_size(layout: CacheLayout) -> int:
     return max(rates)
 
 
-def model_layout(model: "CausalLM") -> CacheLayout:
+def model_layout(model: torch.nn.Module) -> CacheLayout:
     """The model's cache layout (its spec's, checked against what it writes), once per model object."""
     layout = getattr(model, "_dayzero_layout", None)
     if layout is None:
@@ -36,7 +31,7 @@ def model_layout(model: "CausalLM") -> CacheLayout:
 
 
 class LocalCache:
-    def __init__(self, model: "CausalLM", batch: int, kv_cache_dtype: str = "auto"):
+    def __init__(self, model: torch.nn.Module, batch: int, kv_cache_dtype: str = "auto"):
         self.model, self.batch, self.length = model, batch, 0
         self.layout = model_layout(model).with_kv_cache_dtype(kv_cache_dtype)
         self.block_size = _block_size(self.layout)

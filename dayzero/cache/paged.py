@@ -31,17 +31,12 @@ through the block table, `stream(name)` returns it without writing, and `view[na
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from dayzero.cache.layout import CacheLayout, StateSpec, StreamSpec, align_up, cache_layout
 from dayzero.cache.step import StepMetadata
 from dayzero.formats.fp8 import quantize_activation_groups
 from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
-
-if TYPE_CHECKING:
-    from dayzero.models.base import CausalLM
 
 class _ProbeLayer:
     """Records what a layer caches while the model runs on one token: each stream it appends to (a
@@ -84,7 +79,7 @@ class _ProbeCache:
 
 
 @torch.no_grad()
-def probe_layout(model: CausalLM) -> CacheLayout:
+def probe_layout(model: torch.nn.Module) -> CacheLayout:
     """What the model caches, from one packed forward of one token (the entries' shapes do not depend
     on the tokens)."""
     layout = CacheLayout([], [])

@@ -21,15 +21,11 @@ transfer; the device tensors are views of that one copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from dayzero.ops.paged import SeqBatch
-
-if TYPE_CHECKING:
-    from dayzero.cache.paged import CacheLayout
 
 
 @dataclass
@@ -71,7 +67,7 @@ def _table_array(tables: list[list[int | None]]) -> np.ndarray:
     return out
 
 
-def build_step(seqs: list[SeqStep], layout: "CacheLayout", block_size: int, device: torch.device | str) -> StepMetadata:
+def build_step(seqs: list[SeqStep], layout, block_size: int, device: torch.device | str) -> StepMetadata:
     """The StepMetadata of `seqs`, in their order. A sequence's tables must cover its new tokens."""
     device = torch.device(device)
     starts = np.array([s.start for s in seqs], dtype=np.int64)

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dayzero import settings
 from dayzero.demo.tokenizer import save_tokenizer
 from dayzero.formats import fp8, mxfp4
 
@@ -123,7 +124,7 @@ DEMO_CONFIG = {
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("DAYZERO_CACHE") or Path.home() / ".cache" / "dayzero")
+    return settings.get().cache_dir
 
 
 def demo_checkpoint(path: str | os.PathLike | None = None) -> Path:

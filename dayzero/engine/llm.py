@@ -12,8 +12,11 @@ from typing import Iterator, Sequence
 
 import torch
 
+from dayzero import settings
 from dayzero.engine.engine import Engine, eos_token_ids, load_tokenizer
 from dayzero.engine.sampling import SamplingParams, TokenLogprobs
+from dayzero.kernels import moe as moe_kernels
+from dayzero.ops import REGISTRY
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,10 +65,12 @@ class LLM:
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
         with recurrent state, num_state_snapshots saved states; default max_num_seqs).
         kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (FP8 entries, a scale per 128 values).
-        fp8_workspace_gib: the cross-layer FP8 expert workspace of MXFP4 models on CUDA (path B);
-        default DAYZERO_FP8_WORKSPACE_GIB, else the memory plan's (one layer's experts in FP8)."""
+        fp8_workspace_gib: the cross-layer FP8 expert workspace of path B (MXFP4 experts, where the kernel
+        library can choose that path: kernels/moe/choose.py); default DAYZERO_FP8_WORKSPACE_GIB, else every
+        expert one step can activate; 0: none."""
         from dayzero.models import load_model
 
+        REGISTRY.check_variants()
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
         if model is None:
@@ -77,10 +82,11 @@ class LLM:
         self.path = checkpoint_dir(model)
         self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress)
         self.tokenizer = load_tokenizer(self.path)
-        _configure_expert_workspace(self.model, fp8_workspace_gib)
+        self.expert_workspace = attach_expert_workspace(self.model, fp8_workspace_gib, max_num_batched_tokens)
         kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
         if kv_cache_bytes is None and mem_fraction is not None:
-            kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction)
+            workspace = self.expert_workspace.capacity_bytes if self.expert_workspace is not None else 0
+            kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction, workspace)
         self.engine = Engine(self.model, self.tokenizer, eos_token_ids=eos_token_ids(self.path, self.tokenizer),
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
@@ -166,34 +172,38 @@ class LLM:
 RESERVE_FRACTION = 0.05  # of the device's memory, kept for activations, allocator slack and the runtime
 
 
-def _uses_expert_workspace(model) -> bool:
-    """MXFP4 experts on CUDA, with path B allowed (dayzero/kernels/moe_mxfp4.py)."""
-    import os
-
-    return (model.device_.type == "cuda" and model.spec.quant.expert_format == "mxfp4"
-            and os.environ.get("DAYZERO_MOE_PATH", "auto") != "a")
+def _workspace_takers(model) -> list:
+    """The model's modules that pass an FP8 expert workspace to their routed-expert op (a class attribute
+    `fp8_workspace`, None until the engine sets it; the MXFP4 expert modules have it)."""
+    return [m for m in model.modules() if hasattr(type(m), "fp8_workspace")]
 
 
-def _configure_expert_workspace(model, gib: float | None) -> None:
-    """Size the FP8 expert workspace of the model's device: the argument, else the environment, else
-    the memory plan's (dayzero/plan.py: expert_workspace_bytes)."""
-    import os
+def attach_expert_workspace(model, gib: float | None, max_tokens: int):
+    """Make the FP8 expert workspace of path B where the kernel library needs one and hand it to the
+    model's MoE layers; returns it, or None. Its size is kernels.moe.workspace_bytes: 0 (no workspace)
+    wherever the library never chooses path B, so the KV budget (which subtracts it) and the kernels'
+    own choice agree. gib: LLM(fp8_workspace_gib=); 0 turns the workspace, and path B, off."""
+    e = model.spec.experts
+    takers = _workspace_takers(model)
+    nbytes = 0
+    if e is not None and takers:
+        nbytes = moe_kernels.workspace_bytes(e.format, e.num, e.top_k, e.input_dim, e.intermediate_size, max_tokens,
+                                             moe_kernels.Device.of(model.device_), settings.get(), gib=gib)
+    if nbytes == 0:
+        if gib:
+            raise ValueError(f"fp8_workspace_gib={gib}: this model's experts ({e.format if e else 'none'}) on "
+                             f"{model.device_} never run path B, which is what the workspace is for (MXFP4 experts "
+                             f"on CUDA other than sm_90, or DAYZERO_VARIANT=moe_experts_mxfp4=fp8); leave it unset")
+        return None
+    workspace = moe_kernels.Fp8Workspace(nbytes, model.device_, prefetch=settings.get().fp8_prefetch)
+    for module in takers:
+        module.fp8_workspace = workspace
+    return workspace
 
-    if not _uses_expert_workspace(model):
-        if gib is not None:
-            raise ValueError("fp8_workspace_gib applies to MXFP4 experts on CUDA only")
-        return
-    from dayzero.kernels.fp8_workspace import WORKSPACE_GIB_ENV, configure_default_workspace
-    from dayzero.plan import expert_workspace_bytes
 
-    if gib is None and not os.environ.get(WORKSPACE_GIB_ENV):
-        gib = expert_workspace_bytes(model.spec) / 2**30
-    configure_default_workspace(gib=gib)
-
-
-def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
-    """mem_fraction of the device's memory (RAM on CPU) minus the weights, a reserve and, for MXFP4
-    experts on CUDA, the FP8 expert workspace of path B (dayzero/kernels/fp8_workspace.py), in bytes."""
+def _kv_budget_from_fraction(model, mem_fraction: float, workspace: int) -> float:
+    """mem_fraction of the device's memory (RAM on CPU) minus the weights, a reserve and the FP8 expert
+    workspace (attach_expert_workspace), in bytes."""
     import os
 
     if not 0 < mem_fraction <= 1:
@@ -204,14 +214,9 @@ def _kv_budget_from_fraction(model, mem_fraction: float) -> float:
     else:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     weights = sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
-    workspace = 0
-    if _uses_expert_workspace(model):
-        from dayzero.kernels.fp8_workspace import planned_workspace_bytes
-
-        workspace = planned_workspace_bytes(device)
     budget = mem_fraction * total - weights - workspace - RESERVE_FRACTION * total
     if budget <= 0:
         raise ValueError(f"mem_fraction {mem_fraction} of {total / 2**30:.1f} GiB leaves nothing for the KV cache after "
                          f"{weights / 2**30:.2f} GiB of weights, {workspace / 2**30:.2f} GiB of FP8 expert workspace "
-                         f"(DAYZERO_FP8_WORKSPACE_GIB) and a {RESERVE_FRACTION:.0%} reserve; raise it")
+                         f"(fp8_workspace_gib, DAYZERO_FP8_WORKSPACE_GIB) and a {RESERVE_FRACTION:.0%} reserve; raise it")
     return budget

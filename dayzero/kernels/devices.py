@@ -1,11 +1,12 @@
-"""Facts about a CUDA device that never change while the process runs (compute capability, SM count),
-looked up once per device instead of at every kernel launch: torch.cuda.get_device_capability and
-get_device_properties cost a few microseconds each, and an eager MoE layer asked for them seven times
-per call (tools/profile_moe_host.py)."""
+"""Facts about the machine that never change while the process runs, looked up once: a CUDA device's
+compute capability and SM count (torch.cuda.get_device_capability and get_device_properties cost a few
+microseconds each, and an eager MoE layer asked for them seven times per call: tools/profile_moe_host.py),
+whether Triton and a CUDA device exist, and whether Triton runs kernels in its CPU interpreter."""
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 
 import torch
 
@@ -28,3 +29,24 @@ def capability(device: torch.device) -> tuple[int, int]:
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of CUDA `device`."""
     return _facts(_index(device))[1]
+
+
+@functools.cache
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_cuda() -> bool:
+    """Whether Triton kernels can run compiled here: Triton is installed and a CUDA device exists (the
+    registry's `available` check of every Triton kernel)."""
+    return triton_installed() and torch.cuda.is_available()
+
+
+@functools.cache
+def interpreted() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter. Triton decides when a kernel is decorated, from
+    TRITON_INTERPRET (read through Triton's own knobs); asked once, at the first launch, after the kernel
+    modules were imported."""
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)

@@ -12,31 +12,25 @@ Releasing early is safe: the next kernel's programs only take SM slots that this
 has left, and they wait for this kernel's completion before touching memory; a kernel two launches
 back has completed by then, because this kernel's programs passed their own wait before releasing.
 
-`DAYZERO_PDL=0` turns it off (read at every launch). The interpreter has no grid dependencies: off.
+`DAYZERO_PDL=0` turns it off (dayzero/settings.py). The interpreter has no grid dependencies: off.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.devices import capability
-
-PDL_ENV = "DAYZERO_PDL"
+from dayzero import settings
+from dayzero.kernels.devices import capability, interpreted
 
 
 def enabled(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: CUDA of compute capability 9 or more, not under the
-    interpreter, and DAYZERO_PDL not "0"."""
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+    interpreter, and the `pdl` setting on."""
+    if device.type != "cuda" or interpreted():
         return False
-    value = os.environ.get(PDL_ENV, "1").strip()
-    if value not in ("0", "1", ""):
-        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
-    return value != "0" and capability(device)[0] >= 9
+    return settings.get().pdl and capability(device)[0] >= 9
 
 
 def launch_options(device: torch.device) -> dict:

@@ -325,6 +325,8 @@ class RoutedExperts(nn.Module):
     [E, N, K/32, 16] and E8M0 scale bytes [E, N, K/32]; fp8: e4m3 with block scales
     [E, N/bn, K/bk]; bf16: model dtype."""
 
+    fp8_workspace = None  # the engine's FP8 expert workspace, passed with the weights (dayzero/engine/llm.py)
+
     def __init__(self, num: int, inter: int, hidden: int, fmt: str, linear: LinearFactory, dtype, device):
         super().__init__()
         self.num, self.inter, self.fmt, self.block = num, inter, fmt, linear.block
@@ -342,7 +344,7 @@ class RoutedExperts(nn.Module):
                 setattr(self, name + "_scale", None)
 
     def experts(self) -> ExpertWeights:
-        return ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale)
+        return ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale, workspace=self.fp8_workspace)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         targets = {}

@@ -52,6 +52,8 @@ class GptOssRMSNorm(RMSNorm):
 class GptOssExperts(nn.Module):
     """Routed experts held in the canonical layout of dayzero.ops.moe (w13 gate rows first)."""
 
+    fp8_workspace = None  # the engine's FP8 expert workspace, passed with the weights (dayzero/engine/llm.py)
+
     def __init__(self, num: int, hidden: int, inter: int, fmt: str, activation: Activation, dtype, device):
         super().__init__()
         self.num, self.hidden, self.inter, self.fmt, self.activation = num, hidden, inter, fmt, activation
@@ -93,7 +95,8 @@ class GptOssExperts(nn.Module):
         return targets
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        experts = ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale, self.b13, self.b2)
+        experts = ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale, self.b13, self.b2,
+                                self.fp8_workspace)
         op = ops.moe_experts_mxfp4 if self.fmt == "mxfp4" else ops.moe_experts_bf16
         return op(x, ids, weights, experts, self.activation)
 

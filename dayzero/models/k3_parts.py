@@ -155,6 +155,8 @@ class CompressedTensorsMxfp4Experts(nn.Module):
     width L for a latent MoE, else hidden). The bytes are copied as they are, never re-encoded.
     """
 
+    fp8_workspace = None  # the engine's FP8 expert workspace, passed with the weights (dayzero/engine/llm.py)
+
     def __init__(self, num: int, intermediate: int, input_dim: int, device=None):
         super().__init__()
         for name, value in (("intermediate", intermediate), ("input_dim", input_dim)):
@@ -168,7 +170,7 @@ class CompressedTensorsMxfp4Experts(nn.Module):
             setattr(self, name + "_scale", empty_param((num, n, k // mxfp4.BLOCK_SIZE), torch.uint8, device))
 
     def experts(self) -> ExpertWeights:
-        return ExpertWeights("mxfp4", self.w13, self.w2, self.w13_scale, self.w2_scale)
+        return ExpertWeights("mxfp4", self.w13, self.w2, self.w13_scale, self.w2_scale, workspace=self.fp8_workspace)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         targets = {}

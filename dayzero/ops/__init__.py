@@ -4,7 +4,9 @@ Importing this package defines the built-in ops in `REGISTRY`. Call an op like a
 `ops.rms_norm(x, w, eps)`; the registry picks the implementation from the inputs' device.
 """
 
-from dayzero.ops.registry import REGISTRY, Registry, backends_for, coverage_table, reference_op
+from typing import Iterable
+
+from dayzero.ops.registry import REGISTRY, Registry, reference_op
 from dayzero.ops.norm import layer_norm, rms_norm
 from dayzero.ops.rope import rope
 from dayzero.ops.activation import swiglu, swiglu_clamped
@@ -23,6 +25,18 @@ from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, short_conv1d
 from dayzero.ops.k3 import attention_residual, situ
 import dayzero.kernels  # noqa: E402,F401  (registers the Triton kernels; imports Triton only at their first call)
+
+
+def backends_for(name: str) -> list[str]:
+    """Backends that implement op `name` (reference first); [] when the op is not defined."""
+    return REGISTRY.backends_for(name)
+
+
+def coverage_table(names: Iterable[str] | None = None) -> str:
+    """`dayzero ops`: op x backend, and the kernels' variants (DAYZERO_VARIANT checked first)."""
+    REGISTRY.check_variants()
+    return REGISTRY.coverage_table(names)
+
 
 # every op is importable under its registry name: `from dayzero.ops import kda_chunk`
 __all__ = ["REGISTRY", "Registry", "backends_for", "coverage_table", "reference_op", "Activation", "ExpertWeights",

@@ -48,7 +48,10 @@ class Activation:
 
 @dataclass
 class ExpertWeights:
-    """One layer's routed experts in the canonical layout described in the module docstring."""
+    """One layer's routed experts in the canonical layout described in the module docstring.
+
+    workspace: the engine's FP8 expert workspace (dayzero.kernels.moe.Fp8Workspace) that MXFP4 kernels
+    may convert these experts into (path B); None where the engine has none. The reference ignores it."""
 
     format: str
     w13: torch.Tensor
@@ -57,6 +60,7 @@ class ExpertWeights:
     w2_scale: torch.Tensor | None = None
     b13: torch.Tensor | None = None
     b2: torch.Tensor | None = None
+    workspace: object | None = None
 
     @property
     def num_experts(self) -> int:

@@ -11,16 +11,22 @@ Selection, per call: the device type of the first tensor argument picks the cand
 highest-priority available kernel whose `supports` accepts the call wins; the reference is the
 last resort and always accepts. `DAYZERO_BACKEND=reference` (or `force_backend("reference")`)
 pins every op to one backend so that paths can be measured against each other.
+
+A kernel may have named variants (`variants={name: what it is}`): the implementations it chooses among
+per call, inside the kernel library (dayzero/kernels/<family>/choose.py), not here. They are listed
+here so that `dayzero ops` shows what can run, and DAYZERO_VARIANT=op=variant forces one (the kernel
+library reads that setting; `check_variants` checks every pair against the lists).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
+
+from dayzero import settings
 
 REFERENCE = "reference"
 ANY_DEVICE = "*"
@@ -36,6 +42,7 @@ class Implementation:
     priority: int = 0
     available: Callable[[], bool] = lambda: True
     supports: Callable[..., bool] | None = None
+    variants: tuple[tuple[str, str], ...] = ()  # (name, what it is): what the kernel chooses among per call
 
     def runs_on(self, device_type: str) -> bool:
         return ANY_DEVICE in self.devices or device_type in self.devices
@@ -127,13 +134,15 @@ class Registry:
         priority: int = 10,
         available: Callable[[], bool] = lambda: True,
         supports: Callable[..., bool] | None = None,
+        variants: Mapping[str, str] | None = None,
     ) -> Implementation:
         op = self.get(name)
         if backend == REFERENCE:
             raise ValueError(f"'{REFERENCE}' is the name of the reference backend; pick another for op '{name}'")
         if any(k.backend == backend for k in op.kernels):
             raise ValueError(f"op '{name}' already has a '{backend}' kernel")
-        impl = Implementation(backend, fn, tuple(devices), priority, available, supports)
+        impl = Implementation(backend, fn, tuple(devices), priority, available, supports,
+                              tuple((variants or {}).items()))
         op.kernels.append(impl)
         return impl
 
@@ -162,11 +171,28 @@ class Registry:
         """The backend a call on `device_type` would get, ignoring per-call `supports` checks."""
         return self.get(name).select(device_type).backend
 
+    def variants(self, name: str) -> dict[str, dict[str, str]]:
+        """{backend: {variant: what it is}} of op `name`'s kernels that have variants."""
+        return {k.backend: dict(k.variants) for k in self.get(name).kernels if k.variants}
+
+    def check_variants(self) -> None:
+        """Every op=variant pair of DAYZERO_VARIANT names a defined op and a variant its kernels list
+        (the kernel library reads the setting; a misspelt op would otherwise be ignored)."""
+        for name, forced in settings.get().variants:
+            if name not in self._ops:
+                with_variants = [n for n in self.names() if self.variants(n)]
+                raise ValueError(f"DAYZERO_VARIANT names op {name!r}, which is not defined; ops with variants: "
+                                 f"{', '.join(with_variants) or 'none'}")
+            known = sorted({v for table in self.variants(name).values() for v in table})
+            if forced not in known:
+                raise ValueError(f"DAYZERO_VARIANT names {name}={forced}; {name} has "
+                                 f"{'variants ' + ', '.join(known) if known else 'no variants'}")
+
     # -- forcing a backend ------------------------------------------------------------------
     def forced_backend(self) -> str | None:
         if self._forced:
             return self._forced[-1]
-        return os.environ.get("DAYZERO_BACKEND") or None
+        return settings.get().backend
 
     @contextlib.contextmanager
     def force_backend(self, backend: str) -> Iterator[None]:
@@ -220,6 +246,14 @@ class Registry:
         fmt = "  ".join("{:<%d}" % w for w in widths)
         lines = [fmt.format(*header), fmt.format(*["-" * w for w in widths])]
         lines += [fmt.format(*r) for r in rows]
+        variants = [(name, backend, table) for name in cov if name in self._ops
+                    for backend, table in self.variants(name).items()]
+        if variants:
+            lines += ["", "kernel variants (the kernel chooses per call; DAYZERO_VARIANT=op=variant forces one):"]
+            for name, backend, table in variants:
+                lines.append(f"  {name} [{backend}]")
+                width = max(map(len, table))
+                lines += [f"    {v:<{width}}  {what}" for v, what in table.items()]
         return "\n".join(line.rstrip() for line in lines)
 
 
@@ -233,17 +267,3 @@ def reference_op(name: str, doc: str | None = None) -> Callable[[Callable], Op]:
         return REGISTRY.define(name, fn, doc)
 
     return wrap
-
-
-def backends_for(name: str) -> list[str]:
-    _load_builtin_ops()
-    return REGISTRY.backends_for(name)
-
-
-def coverage_table(names: Iterable[str] | None = None) -> str:
-    _load_builtin_ops()
-    return REGISTRY.coverage_table(names)
-
-
-def _load_builtin_ops() -> None:
-    import dayzero.ops  # noqa: F401  (defines the built-in ops on import)

@@ -3,7 +3,7 @@
 The names below are the vocabulary shared by the spec, the registry and the kernels: an op
 registered under another name is not found. `required_ops(layer)` lists what one decoder layer
 calls; `model_ops(spec)` adds the model-level parts (embedding, final norm, lm_head, hyper-head,
-vision tower). Coverage comes from `dayzero.ops.registry.backends_for`; an op it does not know is
+vision tower). Coverage comes from `dayzero.ops.backends_for`; an op it does not know is
 reported with no backend, i.e. missing.
 """
 
@@ -151,11 +151,10 @@ def model_ops(spec: ModelSpec) -> list[str]:
 def backends_for(op_name: str) -> list[str]:
     """Backends implementing op_name, [] when none (or when the registry is not importable)."""
     try:
-        from dayzero.ops import registry
+        from dayzero import ops
     except ImportError:
         return []
-    lookup = getattr(registry, "backends_for", None)
-    return list(lookup(op_name)) if lookup is not None else []
+    return list(ops.backends_for(op_name))
 
 
 def coverage(ops: list[str]) -> dict[str, list[str]]:

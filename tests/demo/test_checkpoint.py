@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from dayzero import settings
 from dayzero.demo import DEMO_VERSION, build_demo_checkpoint, demo_checkpoint
 from dayzero.formats import fp8, mxfp4
 
@@ -177,12 +178,12 @@ def test_build_is_byte_identical(tmp_path, demo_dir):
         assert (tmp_path / name).read_bytes() == (demo_dir / name).read_bytes(), name
 
 
-def test_demo_checkpoint_builds_once_under_the_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DAYZERO_CACHE", str(tmp_path))
-    first = demo_checkpoint()
-    assert first == tmp_path / f"demo-v{DEMO_VERSION}"
-    stamp = (first / "config.json").stat().st_mtime_ns
-    assert demo_checkpoint() == first
+def test_demo_checkpoint_builds_once_under_the_cache(tmp_path):
+    with settings.override(cache_dir=tmp_path):
+        first = demo_checkpoint()
+        assert first == tmp_path / f"demo-v{DEMO_VERSION}"
+        stamp = (first / "config.json").stat().st_mtime_ns
+        assert demo_checkpoint() == first
     assert (first / "config.json").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging directory left behind
 

@@ -346,3 +346,29 @@ def test_sparse_decode_reads_only_the_selected_latents_through_the_page_table(tm
     # the page table (a prefill topk per query, a decode step topk per row), never a whole context
     assert read and all(n % topk == 0 for n in read)
     assert read[-1] == topk and max(read) <= 47 * topk
+
+
+def test_the_fp8_expert_workspace_is_reserved_where_path_b_can_run():
+    """LLM asks the kernel library for its workspace bytes (kernels.moe.workspace_bytes): none where the
+    kernels never run path B (here: CPU), so nothing is taken from the KV budget; where they can (forced
+    here), one workspace of every expert a step can activate, handed to each MoE layer with its weights
+    and subtracted from a mem_fraction budget."""
+    from dayzero import settings
+    from dayzero.engine.llm import _kv_budget_from_fraction
+    from dayzero.kernels.moe import expert_slot_bytes
+
+    llm = LLM(kv_cache_gib=0.01)  # the demo: MXFP4 experts
+    assert llm.expert_workspace is None
+    takers = [m for m in llm.model.modules() if hasattr(type(m), "fp8_workspace")]
+    assert takers and all(m.fp8_workspace is None for m in takers)
+    with pytest.raises(ValueError, match="never run path B"):
+        LLM(kv_cache_gib=0.01, fp8_workspace_gib=1.0)
+    with settings.override(variants={"moe_experts_mxfp4": "fp8"}):
+        forced = LLM(kv_cache_gib=0.01)
+        e = forced.model.spec.experts
+        ws = forced.expert_workspace
+        assert ws is not None and ws.capacity_bytes == e.num * expert_slot_bytes(e.intermediate_size, e.input_dim)
+        assert all(m.fp8_workspace is ws for m in forced.model.modules() if hasattr(type(m), "fp8_workspace"))
+        assert LLM(kv_cache_gib=0.01, fp8_workspace_gib=0).expert_workspace is None  # 0: no workspace
+    full = _kv_budget_from_fraction(forced.model, 0.9, 0)
+    assert _kv_budget_from_fraction(forced.model, 0.9, ws.capacity_bytes) == full - ws.capacity_bytes

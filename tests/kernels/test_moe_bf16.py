@@ -1,4 +1,4 @@
-"""Path C (moe_experts_bf16, "triton") against the reference op and the exact float32 layer
+"""Path C (moe_experts_bf16, "triton", its "gemm" kernel) against the reference op and the exact float32 layer
 (tolerances as in test_moe_mxfp4)."""
 
 import pytest
@@ -14,21 +14,21 @@ GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
 @interpreter
 @pytest.mark.parametrize("tokens,act,bias", [(2, Activation("swiglu"), False), (21, GPT_OSS, True)])
 def test_bf16_layer_interpreted(tokens, act, bias):
-    from dayzero.kernels.moe_bf16 import moe_experts_bf16
-    from dayzero.kernels.moe_gemm import GemmConfig
+    from dayzero.kernels.moe import Plan, moe_experts_bf16
+    from dayzero.kernels.moe.configs import GemmConfig
 
     gen = torch.Generator().manual_seed(tokens)
     experts = as_bf16(random_layer(5, 96, 64, gen, "cpu", bias))
     x = torch.randn(tokens, 96, generator=gen).bfloat16()
     ids, w = random_routing(tokens, 5, 2, gen, "cpu")
     c = GemmConfig(16, 32, 64, 4, 2)
-    out = moe_experts_bf16(x, ids, w, experts, act, configs=(c, c))
+    out = moe_experts_bf16(x, ids, w, experts, act, Plan("gemm", (c, c)))
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
     assert rel_err(out, _experts_reference(x, ids, w, experts, act)) < 1.5e-2
 
 
 def test_bf16_guards_name_the_tensor():
-    from dayzero.kernels.moe_checks import check_bf16_call, supports_bf16
+    from dayzero.kernels.moe._checks import check_bf16_call, supports_bf16
 
     gen = torch.Generator().manual_seed(0)
     e = as_bf16(random_layer(4, 64, 32, gen, "cpu", False))

@@ -1,5 +1,6 @@
-"""Decode kernels of path A (moe_decode: int8 x E2M1 dot products, no tensor cores) against the
-reference op and the exact float32 layer; exactness of the weight decode; the activation quantizer.
+"""The decode kernels of path A ("decode" and "decode_sm90": _decode.py, int8 x E2M1 dot products, no tensor
+cores; the Gluon GEMMs of _decode_sm90.py) against the reference op and the exact float32 layer;
+exactness of the weight decode; the activation quantizer; the one-launch dispatch.
 
 Under the CPU interpreter the byte permutes and dp4a are computed by their definition (the rest is
 the compiled code); on CUDA the PTX runs. Tolerances as in test_moe_mxfp4.
@@ -14,10 +15,10 @@ from tests.kernels.moe_inputs import exact, random_layer, random_mxfp4, random_r
 from tests.kernels.test_moe_mxfp4 import ACTIVATIONS, MODELS, model_layers  # noqa: F401  (fixture)
 
 
-def _run(x, ids, w, experts, act, config=None):
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+def _run(x, ids, w, experts, act, config):
+    from dayzero.kernels.moe import Plan, moe_experts_mxfp4
 
-    return moe_experts_mxfp4(x, ids, w, experts, act, configs=config)
+    return moe_experts_mxfp4(x, ids, w, experts, act, Plan("decode_sm90" if config.gluon else "decode", config))
 
 
 @interpreter
@@ -26,7 +27,7 @@ def _run(x, ids, w, experts, act, config=None):
 def test_decode_layer_interpreted(tokens, block_m, bias, act):
     """H = 96 with BLOCK_K 64: the last K tile overlaps the one before (its repeated blocks must
     count once); 9 tokens x top-2 over 6 experts puts more than 4 rows on some experts (two blocks)."""
-    from dayzero.kernels.moe_decode import DecodeConfig
+    from dayzero.kernels.moe.configs import DecodeConfig
 
     gen = torch.Generator().manual_seed(100 + tokens)
     E, H, I = 6, 96, 64
@@ -44,7 +45,7 @@ def test_decode_layer_interpreted(tokens, block_m, bias, act):
 def test_decode_layer_pipelined_interpreted(tokens, block_m, act):
     """The software-pipelined loop (stages >= 2: weight tiles through shared memory instead of the hand
     prefetch), with the overlapping last K tile of H = 96 in BLOCK_K 64."""
-    from dayzero.kernels.moe_decode import DecodeConfig
+    from dayzero.kernels.moe.configs import DecodeConfig
 
     gen = torch.Generator().manual_seed(300 + tokens)
     E, H, I = 6, 96, 64
@@ -58,32 +59,10 @@ def test_decode_layer_pipelined_interpreted(tokens, block_m, act):
     assert torch.equal(out, hand)  # the same sums in the same order
 
 
-@interpreter
-@pytest.mark.parametrize("tokens,block_m,bias,act,tiles", [
-    (1, 1, True, a, (64, 32, 64, 32, 4, 4, 2, 2)) for a in ACTIVATIONS] + [
-    (3, 2, False, "swiglu_limit", (32, 32, 32, 64, 4, 4, 3, 1)), (5, 4, True, "gpt_oss", (64, 32, 64, 32, 4, 4, 1, 3)),
-    (1, 1, True, "gpt_oss", (64, 32, 32, 32, 4, 4, 2, 2, 3, 2))])  # split and pipelined
-def test_decode_layer_split_k_interpreted(tokens, block_m, bias, act, tiles):
-    """Split-K (partial sums per K chunk, activate_partials / combine_partials). Gate/up K = 96 in
-    BLOCK_K 64 chunks: the last chunk is shorter than a tile (read overlapping the one before); 32-wide
-    tiles split 3 ways: one tile per chunk; down K = 64 asked for 3 chunks gets 2 (none left empty)."""
-    from dayzero.kernels.moe_decode import DecodeConfig
-
-    gen = torch.Generator().manual_seed(200 + tokens)
-    E, H, I = 6, 96, 64
-    experts = random_layer(E, H, I, gen, "cpu", bias)
-    x = torch.randn(tokens, H, generator=gen).bfloat16()
-    ids, w = random_routing(tokens, E, 2, gen, "cpu")
-    out = _run(x, ids, w, experts, ACTIVATIONS[act], DecodeConfig(block_m, *tiles))
-    assert out.dtype == torch.bfloat16 and out.shape == x.shape
-    assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
-    assert rel_err(out, _experts_reference(x, ids, w, experts, ACTIVATIONS[act])) < 1.5e-2
-
-
 def _readback(blocks, scales, device, block_m=4, block_n=32, block_k=64, normal_scales=False):
     """Every weight column read back through the down-projection kernel: x = identity rows."""
-    from dayzero.kernels.moe_decode import decode_gemm, quantize_rows
-    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe._decode import decode_gemm, quantize_rows
+    from dayzero.kernels.moe._dispatch import dispatch
 
     E, N, kb, _ = blocks.shape
     K = kb * 32
@@ -110,13 +89,12 @@ def _check_readback(device, scale_range, **tiles):
 
 
 @interpreter
-@pytest.mark.parametrize("tokens,early,stages,split", [(1, (False, False), 0, 1), (1, (False, False), 3, 1),
-                                                       (5, (True, True), 0, 1), (5, (True, False), 0, 2),
-                                                       (1, (False, True), 0, 3)])
-def test_decode_layer_pair_order_interpreted(tokens, early, stages, split):
-    """The pair-order dispatch (block b = pair b, experts read from topk_ids) gives the sorted dispatch's
-    result bit for bit, with ids outside [0, E) dropped, whatever the early tiles, stages and split."""
-    from dayzero.kernels.moe_decode import DecodeConfig
+@pytest.mark.parametrize("tokens,stages,early2", [(1, 0, False), (1, 3, False), (5, 0, True), (3, 2, False)])
+def test_decode_layer_pair_order_interpreted(tokens, stages, early2):
+    """The pair-order dispatch of block_m 1 (block b = pair b, experts read from topk_ids) against the
+    exact layer, with ids outside [0, E) dropped, whatever the stages and the early down GEMM; the same
+    sums as the sorted dispatch of block_m 2 (another order of the float32 block sums at most)."""
+    from dayzero.kernels.moe.configs import DecodeConfig
 
     gen = torch.Generator().manual_seed(500 + tokens)
     E, H, I = 6, 96, 64
@@ -127,25 +105,28 @@ def test_decode_layer_pair_order_interpreted(tokens, early, stages, split):
     if tokens > 1:
         ids[-1, 0] = E + 3
     act = ACTIVATIONS["gpt_oss"]
-    tiles = (1, 64, 32, 64, 64, 4, 4, split, 1, stages, stages)
-    sorted_out = _run(x, ids, w, experts, act, DecodeConfig(*tiles))
-    paired = _run(x, ids, w, experts, act, DecodeConfig(*tiles, pair_order=True, early1=early[0], early2=early[1]))
-    assert torch.equal(paired, sorted_out)
+    paired = _run(x, ids, w, experts, act, DecodeConfig(1, 64, 32, 64, 64, stages1=stages,
+                                                        stages2=0 if early2 else stages, early2=early2))
     valid = (ids >= 0) & (ids < E)
     want = exact(x, ids.clamp(0, E - 1), w * valid, experts, act)
     assert rel_err(paired, want) < 1e-2
+    sorted_out = _run(x, ids, w, experts, act, DecodeConfig(2, 64, 32, 64, 64))
+    assert rel_err(paired, sorted_out) < 1e-3
 
 
-def test_decode_config_rejects_unsafe_early_loads():
-    from dayzero.kernels.moe_decode import DecodeConfig
+def test_decode_config_checks():
+    from dayzero.kernels.moe.configs import DecodeConfig
 
-    with pytest.raises(ValueError, match="early1 needs pair_order"):
-        DecodeConfig(1, 32, 32, early1=True)
-    with pytest.raises(ValueError, match="pair_order needs block_m 1"):
-        DecodeConfig(2, 32, 32, pair_order=True)
-    with pytest.raises(ValueError, match="need stages 0"):
+    with pytest.raises(ValueError, match="needs stages2 0"):
         DecodeConfig(1, 32, 32, stages2=3, early2=True)
+    with pytest.raises(ValueError, match="block_m must be 1, 2 or 4"):
+        DecodeConfig(3, 32, 32)
+    with pytest.raises(ValueError, match="Gluon GEMM \\(gluon1\\) runs the pair-order dispatch"):
+        DecodeConfig(2, 32, 32, stages1=3, gluon1=True)  # a sorted dispatch
+    with pytest.raises(ValueError, match="gluon2"):
+        DecodeConfig(1, 32, 32, stages2=0, gluon2=True)
     DecodeConfig(2, 32, 32, early2=True)  # the down GEMM's experts come from prep, two launches back
+
 
 @interpreter
 def test_decode_weights_are_exact_interpreted():
@@ -165,8 +146,8 @@ def test_decode_layer_exact_path_for_special_scale_bytes_interpreted(byte):
     """A layer with an E8M0 byte of 0 (2^-127) or 255 (NaN) runs the exact factors (scale_facts): with
     0xFF in the gate rows of token 0's first expert, token 0's output is NaN and the others' are not;
     with 0 the layer still matches the exact float32 layer."""
-    from dayzero.kernels.moe_decode import DecodeConfig
-    from dayzero.kernels.moe_mxfp4 import scale_facts
+    from dayzero.kernels.moe._layer import scale_facts
+    from dayzero.kernels.moe.configs import DecodeConfig
 
     gen = torch.Generator().manual_seed(11)
     E, H, I = 6, 96, 64
@@ -185,32 +166,33 @@ def test_decode_layer_exact_path_for_special_scale_bytes_interpreted(byte):
 
 
 def test_scale_facts_flag_subnormal_and_nan_bytes():
-    """moe_mxfp4.scale_facts: normal only when no byte is 0 (2^-127) or 255 (NaN); cached per layer."""
-    from dayzero.kernels.moe_mxfp4 import scale_facts
+    """_layer.scale_facts: normal only when no byte is 0 (2^-127) or 255 (NaN); kept with the layer (its w13
+    tensor, so an ExpertWeights built anew finds it) and recomputed when the scales change in place."""
+    from dayzero.kernels.moe._layer import scale_facts
     from dayzero.ops.moe import ExpertWeights
 
     def facts(s13_bytes, s2_bytes):
         s13 = torch.tensor(s13_bytes, dtype=torch.uint8).view(1, 1, -1)
         s2 = torch.tensor(s2_bytes, dtype=torch.uint8).view(1, 1, -1)
-        return scale_facts(ExpertWeights("mxfp4", None, None, s13, s2), s13, s2)
+        return scale_facts(ExpertWeights("mxfp4", torch.zeros(1, 64, 1, 16, dtype=torch.uint8), None, s13, s2), s13, s2)
 
     assert facts([1, 127, 254], [100]) == (True, True)
     assert facts([1, 127, 128], [100]) == (False, True)
     assert facts([0, 127], [100]) == (False, False)
     assert facts([127], [255]) == (True, False)
-    experts = ExpertWeights("mxfp4", None, None, None, None)
+    w13 = torch.zeros(1, 64, 1, 16, dtype=torch.uint8)
     ok = torch.full((1, 1, 2), 127, dtype=torch.uint8)
-    assert scale_facts(experts, ok, ok) == (False, True)
-    assert experts._dayzero_scale_facts[1] == (False, True)  # cached on the layer object
+    assert scale_facts(ExpertWeights("mxfp4", w13, None, ok, ok), ok, ok) == (False, True)
+    assert scale_facts(ExpertWeights("mxfp4", w13, None, ok, ok), ok, ok) == (False, True)  # a new object: cached
     ok[0, 0, 1] = 255  # changed in place (a weight reload): computed again
-    assert scale_facts(experts, ok, ok) == (True, False)
+    assert scale_facts(ExpertWeights("mxfp4", w13, None, ok, ok), ok, ok) == (True, False)
 
 
 @interpreter
 def test_quantize_rows_interpreted():
     """Within 2^-14 of each 32-value block's largest |x| (exact for values within 2^6 of it); a NaN or
     infinity makes its block's factor NaN."""
-    from dayzero.kernels.moe_decode import dequantize_rows, quantize_rows
+    from dayzero.kernels.moe._decode import dequantize_rows, quantize_rows
 
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(3, 160, generator=gen) * torch.logspace(-6, 6, 160).view(1, 160)
@@ -240,8 +222,8 @@ def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, 
     """The one-launch dispatch + quantization of the decode path: the reference dispatch (also stable
     within an expert), ids outside [0, E) dropped; the same bits as quantize_rows. Up to the 512 pairs
     prep takes, experts with many pairs (3 experts for 100) and with one."""
-    from dayzero.kernels.moe_decode import prep, quantize_rows
-    from dayzero.kernels.moe_dispatch import dispatch_reference
+    from dayzero.kernels.moe._decode import prep, quantize_rows
+    from dayzero.kernels.moe._dispatch import dispatch_reference
 
     gen = torch.Generator().manual_seed(tokens)
     ids, _ = random_routing(tokens, experts, top_k, gen, "cpu")
@@ -254,62 +236,6 @@ def test_prep_matches_dispatch_and_quantize_interpreted(tokens, top_k, experts, 
         assert torch.equal(getattr(d, field), getattr(ref, field)), field
     want_q, want_s = quantize_rows(x)
     assert torch.equal(xq, want_q) and torch.equal(xs.view(torch.int32), want_s.view(torch.int32))  # bitwise
-
-
-@interpreter
-def test_choose_decode_config():
-    from dayzero.kernels.moe_decode import DECODE_MAX_ROWS_WGMMA, DecodeConfig, choose_decode_config
-
-    assert choose_decode_config(1, 4, 128, 2880, 2880).block_m == 1
-    assert choose_decode_config(32, 128, 128, 2880, 2880) is not None
-    assert choose_decode_config(128, 512, 128, 2880, 2880) is None  # ~4 rows per active expert: tensor cores
-    assert choose_decode_config(128, 768, 256, 4096, 2048) is not None  # ~3.2
-    # where moe_wgmma runs, its 16-row blocks take over above 2.5 rows
-    assert choose_decode_config(128, 768, 256, 4096, 2048, max_rows=DECODE_MAX_ROWS_WGMMA) is None
-    assert choose_decode_config(32, 128, 128, 2880, 2880, max_rows=DECODE_MAX_ROWS_WGMMA) is not None  # ~1.6
-    assert choose_decode_config(64, 256, 128, 2880, 2880, max_rows=DECODE_MAX_ROWS_WGMMA) is not None  # ~2.3
-    one = choose_decode_config(1, 4, 128, 2880, 2880)  # 360 gate/up programs: K over 8 warps
-    assert (one.block_n1, one.block_k1, one.num_warps1, one.stages1) == (32, 512, 8, 3)
-    # the down GEMM: the hand prefetch's tiles loaded before the PDL wait; 360 programs fit 3 per SM
-    assert (one.block_n2, one.block_k2, one.num_warps2, one.stages2, one.early2) == (32, 1024, 8, 0, True)
-    assert one.pair_order and not one.early1
-    one_v4 = choose_decode_config(1, 6, 256, 4096, 2048)  # 768 down programs: 4 warps each
-    assert (one_v4.block_n2, one_v4.block_k2, one_v4.num_warps2, one_v4.stages2, one_v4.early2) == (32, 512, 4, 0, True)
-    eight = choose_decode_config(8, 32, 128, 2880, 2880)  # thousands of programs: the pipelined loop
-    assert (eight.block_m, eight.stages1, eight.stages2, eight.block_k1, eight.early2) == (1, 3, 3, 512, False)
-    assert eight.pair_order
-    many = choose_decode_config(32, 128, 128, 2880, 2880)
-    assert (many.block_m, many.block_n2, many.block_k2, many.stages2) == (2, 64, 256, 3)
-    assert not many.pair_order and not many.early2
-    g = choose_decode_config(1, 4, 128, 2880, 2880, gluon=True)  # sm_90, one token: both GEMMs in Gluon
-    assert g.gluon1 and (g.block_n1, g.block_k1, g.num_warps1, g.stages1, g.smem1) == (32, 256, 8, 3, True)
-    assert g.gluon2 and (g.block_n2, g.block_k2, g.num_warps2, g.stages2, g.smem2, g.early2) == (32, 512, 8, 3, True,
-                                                                                                 False)
-    assert not choose_decode_config(8, 32, 128, 2880, 2880, gluon=True).gluon1  # from 8 tokens: Triton
-    tiny = choose_decode_config(1, 2, 8, 64, 32, gluon=True)  # K = 64: the Gluon tiles do not fit
-    assert not tiny.gluon1 and not tiny.gluon2
-    with pytest.raises(ValueError, match="Gluon"):
-        DecodeConfig(2, 32, 32, gluon1=True, stages1=3)  # sorted dispatch
-    with pytest.raises(ValueError, match="Gluon"):
-        DecodeConfig(1, 32, 32, pair_order=True, gluon2=True, stages2=0)
-
-
-@interpreter
-def test_choose_decode_config_split_k(monkeypatch):
-    from dayzero.kernels.moe_decode import SPLITK_ENV, SPLITK_GATE_UP, choose_decode_config
-
-    monkeypatch.setenv(SPLITK_ENV, "0")
-    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == 1
-    monkeypatch.setenv(SPLITK_ENV, "1")
-    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == SPLITK_GATE_UP  # 360 programs unsplit
-    assert choose_decode_config(1, 6, 256, 4096, 2048).split_k1 == SPLITK_GATE_UP
-    assert choose_decode_config(8, 32, 128, 2880, 2880).split_k1 == 1  # 2610 programs
-    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k2 == 1
-    monkeypatch.setenv(SPLITK_ENV, "8")
-    assert choose_decode_config(1, 4, 128, 2880, 2880).split_k1 == 8
-    monkeypatch.setenv(SPLITK_ENV, "yes")
-    with pytest.raises(ValueError, match=SPLITK_ENV):
-        choose_decode_config(1, 4, 128, 2880, 2880)
 
 
 # -- CUDA, full model shapes --------------------------------------------------------------------
@@ -358,22 +284,18 @@ def test_decode_nan_scale_gives_nan_cuda():
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,block_m,tiles", [(1, 1, (32, 16, 256, 256)), (1, 1, (64, 16, 256, 1024, 8, 8)),
-                                                  (5, 2, (64, 64, 128, 128, 8, 8)),
-                                                  (17, 4, (32, 32, 256, 128)), (32, 4, (64, 64, 256, 256, 8, 4)),
-                                                  (100, 4, (32, 32, 256, 256)),  # 100: dispatch(), not prep
-                                                  (1, 1, (64, 16, 256, 1024, 8, 8, 4)),  # split K
-                                                  (8, 1, (32, 32, 256, 512, 4, 4, 3, 3)),
-                                                  (1, 1, (32, 16, 256, 512, 4, 4, 1, 1, 4, 3)),  # pipelined
-                                                  (32, 2, (32, 64, 256, 256, 4, 4, 1, 1, 3, 3)),
-                                                  # pair order, weights requested before the PDL waits
-                                                  (1, 1, (32, 32, 512, 1024, 8, 8, 1, 1, 0, 0, True, True, True)),
-                                                  (8, 1, (32, 32, 512, 512, 4, 4, 1, 1, 3, 0, True, False, True)),
-                                                  (32, 2, (32, 64, 256, 256, 4, 4, 1, 1, 3, 0, False, False, True))])
-def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_layers):  # noqa: F811
-    """Forced decode tiles (the PTX byte permutes and dp4a) at full model shapes."""
+@pytest.mark.parametrize("tokens,config", [
+    (1, (1, 32, 16, 256, 256)), (1, (1, 64, 16, 256, 1024, 8, 8)), (5, (2, 64, 64, 128, 128, 8, 8)),
+    (17, (4, 32, 32, 256, 128)), (32, (4, 64, 64, 256, 256, 8, 4)),
+    (100, (4, 32, 32, 256, 256)),  # 100 x top-6 pairs: dispatch() and a quantize launch, not prep
+    (8, (1, 32, 32, 256, 512, 4, 4, 3, 3)), (1, (1, 32, 16, 256, 512, 4, 4, 4, 3)),  # pipelined
+    (32, (2, 32, 64, 256, 256, 4, 4, 3, 3)),
+    (1, (1, 32, 32, 512, 1024, 8, 8, 3, 0, True)),  # the down GEMM's tiles requested before its PDL wait
+    (8, (1, 32, 32, 512, 512, 4, 4, 3, 0, True)), (32, (2, 32, 64, 256, 256, 4, 4, 3, 0, True))])
+def test_decode_layer_full_shapes_cuda(model, tokens, config, model_layers):  # noqa: F811
+    """Pinned decode tiles (the PTX byte permutes and dp4a) at full model shapes."""
     from dayzero import ops
-    from dayzero.kernels.moe_decode import DecodeConfig
+    from dayzero.kernels.moe.configs import DecodeConfig
     from dayzero.ops import REGISTRY
 
     E, k, H, I, act, _ = MODELS[model]
@@ -381,7 +303,7 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
     ids, w = random_routing(tokens, E, k, gen, "cuda")
-    out = _run(x, ids, w, experts, act, DecodeConfig(block_m, *tiles))
+    out = _run(x, ids, w, experts, act, DecodeConfig(*config))
     with REGISTRY.force_backend("reference"):
         ref = ops.moe_experts_mxfp4(x, ids, w, experts, act)
     assert out.isfinite().all()
@@ -391,36 +313,34 @@ def test_decode_layer_full_shapes_cuda(model, tokens, block_m, tiles, model_laye
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,gluon,tiles,smem", [
-    (1, (True, True), (32, 16, 512, 1024, 8, 8, 2, 3), (False, False)),
-    (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0), (False, False)),
-    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2), (False, False)),
-    (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3), (False, False)),
-    (1, (True, True), (32, 32, 256, 512, 8, 8, 3, 3), (True, True)),  # the one-token default on sm_90
-    (8, (True, True), (32, 16, 256, 1024, 8, 8, 4, 4), (True, True)),
-    (5, (True, True), (32, 16, 512, 1024, 8, 8, 3, 4), (True, True))])
-def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, smem, model_layers):  # noqa: F811
-    """moe_decode_sm90's Gluon GEMMs (sm_90) at full model shapes, pair order: against the exact layer, the
+@pytest.mark.parametrize("tokens,gluon,tiles", [
+    (1, (True, False), (32, 32, 256, 1024, 8, 8, 3, 0)),
+    (8, (False, True), (32, 32, 512, 512, 4, 4, 3, 2)),
+    (3, (True, True), (32, 32, 512, 512, 8, 4, 3, 3)),
+    (1, (True, True), (32, 32, 256, 512, 8, 8, 3, 3)),  # the one-token default on sm_90
+    (8, (True, True), (32, 16, 256, 1024, 8, 8, 4, 4)),
+    (5, (True, True), (32, 16, 512, 1024, 8, 8, 3, 4))])
+def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, model_layers):  # noqa: F811
+    """_decode_sm90's Gluon GEMMs (sm_90) at full model shapes, pair order: against the exact layer, the
     reference op and the Triton decode kernels on the same inputs (the same integer sums; only the float32
     order of the block sums may differ), with an invalid expert id in the routing."""
     from dayzero import ops
-    from dayzero.kernels.moe_decode import DecodeConfig
-    from dayzero.kernels.moe_decode_sm90 import available
+    from dayzero.kernels.moe._layer import device_of
+    from dayzero.kernels.moe.configs import DecodeConfig
     from dayzero.ops import REGISTRY
 
-    if not available(torch.device("cuda")):
-        pytest.skip("the Gluon decode kernels need an sm_90 device")
     E, k, H, I, act, _ = MODELS[model]
     experts = model_layers(model)
     gen = torch.Generator().manual_seed(tokens + 7)
     x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
+    if not device_of(x).sm90:
+        pytest.skip("the Gluon decode kernels need an sm_90 device")
     ids, w = random_routing(tokens, E, k, gen, "cuda")
     n1, n2, k1, k2, w1, w2, s1, s2 = tiles
-    early2 = s2 == 0
-    cfg = DecodeConfig(1, n1, n2, k1, k2, w1, w2, stages1=s1, stages2=s2, pair_order=True, early2=early2,
-                       gluon1=gluon[0], gluon2=gluon[1], smem1=smem[0], smem2=smem[1])
+    cfg = DecodeConfig(1, n1, n2, k1, k2, w1, w2, stages1=s1, stages2=s2, early2=s2 == 0, gluon1=gluon[0],
+                       gluon2=gluon[1])
     out = _run(x, ids, w, experts, act, cfg)
-    triton_cfg = DecodeConfig(1, 32, 32, 512, 512, 4, 4, stages1=3, stages2=3, pair_order=True)
+    triton_cfg = DecodeConfig(1, 32, 32, 512, 512, 4, 4, stages1=3, stages2=3)
     assert rel_err(out, _run(x, ids, w, experts, act, triton_cfg)) < 2e-3
     with REGISTRY.force_backend("reference"):
         ref = ops.moe_experts_mxfp4(x, ids, w, experts, act)
@@ -459,14 +379,13 @@ def test_decode_kernel_sass_for_sm90(args):
     assert ("LDGSTS" in per_word) == ("--stages" in args), out
 
 
-@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3", "--smem"],
-                                  ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--smem", "--normal"],
+@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3"],
+                                  ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--normal"],
                                   ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]])
 def test_gluon_decode_kernel_sass_for_sm90(args):
-    """moe_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
+    """_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
     spills, 4 dp4a and at most 4.1 PRMT per weight word (prologue and epilogue included), the shared-memory
-    ring filled by cp.async (LDGSTS) exactly when asked for, and the register variant free of CTA barriers
-    in its K steps (one in the epilogue's reduction at most)."""
+    ring filled by cp.async (LDGSTS)."""
     import os
     import re
     import subprocess
@@ -481,11 +400,7 @@ def test_gluon_decode_kernel_sass_for_sm90(args):
     out = run.stdout
     assert "stack (spills) 0 B" in out, out
     per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
-    assert per_word["IDP"] == 4 and per_word["PRMT"] <= 4.1, out
-    assert ("LDGSTS" in per_word) == ("--smem" in args), out
-    barriers = int(re.search(r"CTA barriers (\d+)", out).group(1))
-    if "--smem" not in args:
-        assert barriers <= 1, out
+    assert per_word["IDP"] == 4 and per_word["PRMT"] <= 4.1 and "LDGSTS" in per_word, out
 
 
 @pytest.mark.parametrize("early", [False, True])

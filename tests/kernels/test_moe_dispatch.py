@@ -5,7 +5,7 @@ from tests.kernels.conftest import cuda, interpreter
 
 
 def _check(d, ids: torch.Tensor, num_experts: int, block_m: int) -> None:
-    from dayzero.kernels.moe_dispatch import dispatch_reference
+    from dayzero.kernels.moe._dispatch import dispatch_reference
 
     ref = dispatch_reference(ids, num_experts, block_m)
     flat = ids.reshape(-1).long().cpu()
@@ -26,7 +26,7 @@ def _check(d, ids: torch.Tensor, num_experts: int, block_m: int) -> None:
 @interpreter
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 4, 16, 16), (7, 3, 8, 16), (40, 2, 5, 32), (33, 6, 64, 16)])
 def test_dispatch_matches_reference_interpreted(tokens, top_k, experts, block_m):
-    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe._dispatch import dispatch
 
     ids = torch.rand(tokens, experts).argsort(dim=1)[:, :top_k]
     _check(dispatch(ids, experts, block_m), ids, experts, block_m)
@@ -34,7 +34,7 @@ def test_dispatch_matches_reference_interpreted(tokens, top_k, experts, block_m)
 
 @interpreter
 def test_dispatch_drops_out_of_range_ids_interpreted():
-    from dayzero.kernels.moe_dispatch import combine, dispatch
+    from dayzero.kernels.moe._dispatch import combine, dispatch
 
     ids = torch.tensor([[0, 5], [-1, 2], [7, 3]], dtype=torch.int32)
     d = dispatch(ids, 6, 16)
@@ -48,7 +48,7 @@ def test_dispatch_drops_out_of_range_ids_interpreted():
 
 @interpreter
 def test_dispatch_rejects_bad_arguments():
-    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe._dispatch import dispatch
 
     with pytest.raises(ValueError, match="topk_ids"):
         dispatch(torch.zeros(4, dtype=torch.int64), 8, 16)
@@ -60,7 +60,7 @@ def test_dispatch_rejects_bad_arguments():
 @pytest.mark.parametrize("tokens,top_k,experts,block_m", [(1, 4, 128, 16), (32, 4, 128, 16), (8192, 6, 256, 128),
                                                            (2048, 4, 128, 64)])
 def test_dispatch_matches_reference_cuda(tokens, top_k, experts, block_m):
-    from dayzero.kernels.moe_dispatch import dispatch
+    from dayzero.kernels.moe._dispatch import dispatch
 
     ids = torch.rand(tokens, experts, device="cuda").argsort(dim=1)[:, :top_k]
     _check(dispatch(ids, experts, block_m), ids, experts, block_m)
@@ -72,7 +72,7 @@ def test_dispatch_matches_reference_cuda(tokens, top_k, experts, block_m):
 def test_split_blocks_matches_a_loop_over_experts(tokens, experts, top_k, big, tail_max):
     """split_blocks against a plain loop: each expert's 64-row blocks as big blocks of big * 64 rows,
     then its last blocks as tail blocks (at most tail_max) or one more big block; unused entries E."""
-    from dayzero.kernels.moe_dispatch import dispatch, split_blocks
+    from dayzero.kernels.moe._dispatch import dispatch, split_blocks
 
     gen = torch.Generator().manual_seed(tokens + experts)
     ids = torch.rand(tokens, experts, generator=gen).argsort(dim=1)[:, :top_k]

@@ -1,13 +1,14 @@
-"""Path B (MXFP4 -> FP8 conversion into the workspace, FP8 grouped GEMM), the workspace's LRU and
-prefetch bookkeeping, the path selection policy, and moe_experts_fp8 "triton".
+"""Path B (the "fp8" kernel of moe_experts_mxfp4: MXFP4 -> FP8 conversion into the workspace, FP8 grouped
+GEMM), the workspace's LRU and prefetch bookkeeping, the choice of path B by plan_for, and moe_experts_fp8
+"triton".
 
 Tolerances (relative Frobenius error): the conversion is exact (bytes equal mxfp4_fp8's folding);
 activations in two FP8 terms are within ~6e-4 of their value, so against the exact float32 layer
 path B lands where path A does (bf16 intermediate and output): < 1e-2 under the interpreter (its
-bf16 casts truncate), < 5e-3 on the GPU (issue 7's 0.5% target); with one FP8 term (plain W8A8)
-about 3e-2.
+bf16 casts truncate), < 5e-3 on the GPU (issue 7's 0.5% target).
 """
 
+import dataclasses
 import gc
 
 import pytest
@@ -23,14 +24,29 @@ ACTIVATIONS = {"swiglu": Activation("swiglu"), "swiglu_limit": Activation("swigl
 
 
 def _workspace(nbytes, device, prefetch=True):
-    from dayzero.kernels.fp8_workspace import Fp8Workspace
+    from dayzero.kernels.moe import Fp8Workspace
 
     return Fp8Workspace(nbytes, device, prefetch=prefetch)
 
 
+def _path_b(x, ids, w, experts, act, ws):
+    """moe_experts_mxfp4 pinned to path B with choose's tiles, converting into workspace ws."""
+    from dayzero.kernels.moe import Plan, moe_experts_mxfp4
+    from dayzero.kernels.moe.choose import fp8_configs
+
+    plan = Plan("fp8", fp8_configs(ids.numel(), experts.num_experts))
+    return moe_experts_mxfp4(x, ids, w, dataclasses.replace(experts, workspace=ws), act, plan)
+
+
+def _slot_bytes(inter, hidden):
+    from dayzero.kernels.moe import expert_slot_bytes
+
+    return expert_slot_bytes(inter, hidden)
+
+
 def _check_conversion(device, shape, k, scale_range, seed):
     from dayzero.formats.mxfp4_fp8 import mxfp4_to_fp8
-    from dayzero.kernels.moe_fp8 import convert_mxfp4_to_fp8
+    from dayzero.kernels.moe._fp8 import convert_mxfp4_to_fp8
 
     gen = torch.Generator().manual_seed(seed)
     blocks, scales = random_mxfp4(shape, k, gen, device, scale_range)
@@ -61,22 +77,20 @@ def test_conversion_bytes_equal_reference_folding_interpreted():
 
 
 @interpreter
-@pytest.mark.parametrize("terms", [1, 2])
-def test_activation_terms_equal_torch_quantization_interpreted(terms):
+def test_activation_terms_equal_torch_quantization_interpreted():
     """Term 0 is formats.fp8.quantize_activation_groups (float32 scales) byte for byte; term 1 is the
     remainder at the same scale."""
     from dayzero.formats.fp8 import quantize_activation_groups
-    from dayzero.kernels.moe_fp8 import dequantize_activations, quantize_activations
+    from dayzero.kernels.moe._fp8 import dequantize_activations, quantize_activations
 
     x = torch.randn(19, 200) * torch.logspace(-3, 3, 200)
-    q, s = quantize_activations(x, terms)
+    q, s = quantize_activations(x)
     q0, s0 = quantize_activation_groups(x)
     assert torch.equal(q[:, 0].view(torch.uint8), q0.view(torch.uint8)) and torch.equal(s, s0)
-    if terms == 2:
-        scale = s.repeat_interleave(128, dim=1)[:, :200]
-        rest = ((x - q0.float() * scale) / scale).to(torch.float8_e4m3fn)
-        assert torch.equal(q[:, 1].view(torch.uint8), rest.view(torch.uint8))
-    assert rel_err(dequantize_activations(q, s), x) < (1e-3 if terms == 2 else 4e-2)
+    scale = s.repeat_interleave(128, dim=1)[:, :200]
+    rest = ((x - q0.float() * scale) / scale).to(torch.float8_e4m3fn)
+    assert torch.equal(q[:, 1].view(torch.uint8), rest.view(torch.uint8))
+    assert rel_err(dequantize_activations(q, s), x) < 1e-3
 
 
 def _layer_case(seed, E, H, I, tokens, top_k, bias, device):
@@ -92,12 +106,10 @@ def _layer_case(seed, E, H, I, tokens, top_k, bias, device):
 def test_path_b_layer_interpreted(act, bias):
     """Against the reference op and the exact float32 layer; H = 160 and I = 96/160 exercise the masked
     K tail of both GEMMs and (I = 160) a masked second gate/up tile."""
-    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
-
     inter = 160 if bias else 96
     x, ids, w, experts = _layer_case(len(act) + bias, 4, 160, inter, 7, 2, bias, "cpu")
     ws = _workspace(2**24, "cpu")
-    out = moe_experts_mxfp4_fp8(x, ids, w, experts, ACTIVATIONS[act], ws)
+    out = _path_b(x, ids, w, experts, ACTIVATIONS[act], ws)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
     assert rel_err(out, _experts_reference(x, ids, w, experts, ACTIVATIONS[act])) < 1.5e-2
@@ -105,18 +117,10 @@ def test_path_b_layer_interpreted(act, bias):
 
 
 @interpreter
-def test_path_b_one_term_interpreted(monkeypatch):
-    """DAYZERO_MOE_B_TERMS=1 (plain W8A8): the error of one E4M3 rounding of activations, ~3e-2."""
-    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
-
-    monkeypatch.setenv("DAYZERO_MOE_B_TERMS", "1")
+def test_path_b_needs_a_workspace_interpreted():
     x, ids, w, experts = _layer_case(5, 4, 128, 64, 7, 2, False, "cpu")
-    err = rel_err(moe_experts_mxfp4_fp8(x, ids, w, experts, GPT_OSS, _workspace(2**24, "cpu")),
-                  exact(x, ids, w, experts, GPT_OSS))
-    assert 5e-3 < err < 6e-2
-    monkeypatch.setenv("DAYZERO_MOE_B_TERMS", "3")
-    with pytest.raises(ValueError, match="DAYZERO_MOE_B_TERMS"):
-        moe_experts_mxfp4_fp8(x, ids, w, experts, GPT_OSS, _workspace(2**24, "cpu"))
+    with pytest.raises(ValueError, match="path B .* experts.workspace is None"):
+        _path_b(x, ids, w, experts, GPT_OSS, None)
 
 
 def _fp8_layer(E, H, I, gen, device, bias):
@@ -134,7 +138,7 @@ def _fp8_layer(E, H, I, gen, device, bias):
 @interpreter
 def test_fp8_experts_op_interpreted():
     """moe_experts_fp8 "triton" (weight scale rows of 128: I = 192 puts the up rows mid-block)."""
-    from dayzero.kernels.moe_fp8 import moe_experts_fp8
+    from dayzero.kernels.moe import moe_experts_fp8
 
     gen = torch.Generator().manual_seed(2)
     experts = _fp8_layer(4, 144, 192, gen, "cpu", True)
@@ -165,10 +169,8 @@ def _slot_holds(ws, slot, experts, e):
 
 @interpreter
 def test_workspace_lru_hits_evictions_and_stats():
-    from dayzero.kernels.fp8_workspace import expert_slot_bytes
-
     layer = _tiny_layer(0)
-    ws = _workspace(4 * expert_slot_bytes(32, 64) + 100, "cpu", prefetch=False)
+    ws = _workspace(4 * _slot_bytes(32, 64) + 100, "cpu", prefetch=False)
     slots = ws.prepare(layer, _ids(0, 1))
     assert ws.num_slots == 4 and ws.resident(layer) == [0, 1]
     assert all(_slot_holds(ws, int(slots[e]), layer, e) for e in (0, 1))
@@ -184,54 +186,42 @@ def test_workspace_lru_hits_evictions_and_stats():
     assert all(_slot_holds(ws, int(slots[e]), layer, e) for e in (5, 1))
     s = ws.stats
     assert (s.hits, s.misses, s.conversions, s.evictions) == (2, 7, 7, 3)
-    assert s.bytes_converted == 7 * expert_slot_bytes(32, 64) and s.out_of_window_blocks == 0
+    assert s.bytes_converted == 7 * _slot_bytes(32, 64) and s.out_of_window_blocks == 0
     assert s.hit_rate == pytest.approx(2 / 9)
 
 
 @interpreter
 def test_workspace_layers_share_the_pool_and_free_dropped_layers():
-    from dayzero.kernels.fp8_workspace import expert_slot_bytes
-
     a, b = _tiny_layer(1), _tiny_layer(2)
-    ws = _workspace(3 * expert_slot_bytes(32, 64), "cpu", prefetch=False)
+    ws = _workspace(3 * _slot_bytes(32, 64), "cpu", prefetch=False)
     ws.prepare(a, _ids(0, 1))
     slots_b = ws.prepare(b, _ids(0, 1))  # same expert ids, another layer: misses, evicts a's
     assert ws.resident(a) == [1] and ws.resident(b) == [0, 1]
     assert _slot_holds(ws, int(slots_b[0]), b, 0) and ws.stats.misses == 4
     del a
     gc.collect()
-    c = _tiny_layer(3)  # may reuse a's id(): must not see a's slots
+    c = _tiny_layer(3)  # may reuse a's tensors' id(): must not see a's slots
     ws.prepare(c, _ids(1))
     assert ws.stats.misses == 5 and ws.resident(c) == [1]
+    # a layer is its tensors: an ExpertWeights built anew per call (as the models do) hits
+    ws.prepare(dataclasses.replace(b, workspace=ws), _ids(0))
+    assert ws.stats.hits == 1 and ws.holds_layer(b) is False
 
 
 @interpreter
-def test_workspace_too_small_raises_and_auto_selects_path_a(monkeypatch):
-    from dayzero.kernels import fp8_workspace
-    from dayzero.kernels.fp8_workspace import expert_slot_bytes
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4, select_path
-
+def test_workspace_too_small_raises():
     layer = _tiny_layer(4)
-    ws = _workspace(2 * expert_slot_bytes(32, 64), "cpu")
+    ws = _workspace(2 * _slot_bytes(32, 64), "cpu")
     with pytest.raises(ValueError, match="has 2 slots .* activates 3 experts; raise DAYZERO_FP8_WORKSPACE_GIB"):
         ws.prepare(layer, _ids(0, 1, 2))
     with pytest.raises(ValueError, match="cannot hold one expert .* DAYZERO_FP8_WORKSPACE_GIB"):
         _workspace(1000, "cpu").prepare(layer, _ids(0))
-    monkeypatch.setattr(fp8_workspace, "_DEFAULT", {torch.device("cpu"): ws})
-    monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "2")
-    x = torch.randn(3, 64).bfloat16()
-    ids, w = _ids(0, 1, 2), torch.ones(3, 1)
-    assert select_path(x, ids, layer) == "a"  # the 4 experts cannot all be resident in 2 slots
-    with pytest.raises(ValueError, match="DAYZERO_FP8_WORKSPACE_GIB"):
-        moe_experts_mxfp4(x, ids, w, layer, GPT_OSS, path="b")
 
 
 @interpreter
 def test_prefetch_converts_what_the_next_layer_used_last_step():
-    from dayzero.kernels.fp8_workspace import expert_slot_bytes
-
     layers = [_tiny_layer(10 + i) for i in range(3)]
-    ws = _workspace(5 * expert_slot_bytes(32, 64), "cpu", prefetch=True)
+    ws = _workspace(5 * _slot_bytes(32, 64), "cpu", prefetch=True)
     step = [_ids(0, 1), _ids(2, 3), _ids(4, 5)]
     for layer, ids in zip(layers, step):  # step 1: learns the call order, nothing to prefetch yet
         ws.prepare(layer, ids)
@@ -248,73 +238,38 @@ def test_prefetch_converts_what_the_next_layer_used_last_step():
 
 
 @interpreter
-def test_path_selection_setting(monkeypatch):
-    from dayzero.kernels import fp8_workspace
-    from dayzero.kernels.moe_mxfp4 import DEFAULT_B_MAX_TOKENS, DEFAULT_B_MIN_TOKENS, select_path
+def test_plan_for_runs_path_b_where_the_workspace_holds_the_layer_interpreted(monkeypatch):
+    """On a CUDA device other than sm_90 (here its facts, over CPU tensors under the interpreter), the
+    registry kernel runs path B exactly where choose() says: a call of B's token range whose layer is
+    wholly in its workspace; otherwise path A (nothing converted), and path A without a workspace."""
+    from dayzero import settings
+    from dayzero.kernels.moe import _layer, moe_experts_mxfp4
+    from dayzero.kernels.moe.choose import Device
 
-    layer = _tiny_layer(5)
-    ws = _workspace(2**24, "cpu", prefetch=False)
-    monkeypatch.setattr(fp8_workspace, "_DEFAULT", {torch.device("cpu"): ws})
-    x = torch.zeros(1, 64).bfloat16()
-    small, large = torch.zeros(DEFAULT_B_MIN_TOKENS - 1, 4), torch.zeros(DEFAULT_B_MIN_TOKENS, 4)
-    huge = torch.zeros(DEFAULT_B_MAX_TOKENS, 4)
-    assert select_path(x, large, layer) == "a"  # cold: B would convert, A is faster at every size
-    ws.prepare(layer, _ids(0, 1, 2, 3, 4))
-    assert select_path(x, large, layer) == "a"  # expert 5 is not resident
-    ws.prepare(layer, _ids(5))
-    assert select_path(x, small, layer) == "a" and select_path(x, large, layer) == "b"
-    from dayzero.kernels import moe_wgmma
-
-    with monkeypatch.context() as m:  # sm_90: path A's Gluon prefill kernel beats a warm B at every size
-        m.setattr(moe_wgmma, "available", lambda x: True)
-        assert select_path(x, large, layer) == "a" and select_path(x, large, layer, path="b") == "b"
-    assert select_path(x, huge, layer) == "a"
-    monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "5")
-    monkeypatch.setenv("DAYZERO_MOE_B_MAX_TOKENS", "7")
-    assert [select_path(x, torch.zeros(t, 4), layer) for t in (4, 5, 6, 7)] == ["a", "b", "b", "a"]
-    monkeypatch.setenv("DAYZERO_MOE_B_MAX_TOKENS", "lots")
-    with pytest.raises(ValueError, match="DAYZERO_MOE_B_MAX_TOKENS must be a whole number"):
-        select_path(x, large, layer)
-    monkeypatch.delenv("DAYZERO_MOE_B_MAX_TOKENS")
-    monkeypatch.setenv("DAYZERO_MOE_PATH", "a")
-    assert select_path(x, large, layer) == "a"
-    assert select_path(x, small, layer, path="b") == "b"
-    monkeypatch.setenv("DAYZERO_MOE_PATH", "B")
-    assert select_path(x, small, layer) == "b"
-    monkeypatch.setenv("DAYZERO_MOE_PATH", "fast")
-    with pytest.raises(ValueError, match="DAYZERO_MOE_PATH must be one of auto, a, b"):
-        select_path(x, small, layer)
-    monkeypatch.setenv("DAYZERO_MOE_PATH", "auto")
-    monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "many")
-    with pytest.raises(ValueError, match="DAYZERO_MOE_B_MIN_TOKENS"):
-        select_path(x, small, layer)
-
-
-@interpreter
-def test_policy_runs_the_selected_path_interpreted(monkeypatch):
-    from dayzero.kernels import fp8_workspace
-    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4, moe_experts_mxfp4_fused
-
+    monkeypatch.setattr(_layer, "device_of", lambda x: Device("cuda", (8, 0), 108, interpreted=True))
     x, ids, w, experts = _layer_case(7, 4, 64, 32, 6, 2, True, "cpu")
     ws = _workspace(2**24, "cpu")
-    monkeypatch.setattr(fp8_workspace, "_DEFAULT", {torch.device("cpu"): ws})
-    monkeypatch.setenv("DAYZERO_MOE_B_MIN_TOKENS", "6")
-    assert torch.equal(moe_experts_mxfp4(x, ids, w, experts, GPT_OSS),  # cold workspace: path A
-                       moe_experts_mxfp4_fused(x, ids, w, experts, GPT_OSS))
-    assert ws.stats.misses == 0
-    ws.prepare(experts, torch.arange(experts.num_experts)[:, None])  # every expert resident: path B
-    assert torch.equal(moe_experts_mxfp4(x, ids, w, experts, GPT_OSS),
-                       moe_experts_mxfp4_fp8(x, ids, w, experts, GPT_OSS, _workspace(2**24, "cpu")))
-    assert ws.stats.hits > 0
-    assert torch.equal(moe_experts_mxfp4(x[:5], ids[:5], w[:5], experts, GPT_OSS),
-                       moe_experts_mxfp4_fused(x[:5], ids[:5], w[:5], experts, GPT_OSS))
+    layer = dataclasses.replace(experts, workspace=ws)
+    with settings.override(moe_b_min_tokens=6):
+        assert _layer.plan_for(x, ids, layer).kernel != "fp8"  # cold: B would convert every active expert
+        path_a = moe_experts_mxfp4(x, ids, w, layer, GPT_OSS)
+        assert ws.stats.misses == 0
+        ws.prepare(layer, torch.arange(experts.num_experts)[:, None])  # every expert resident
+        assert ws.holds_layer(layer)
+        assert _layer.plan_for(x, ids, layer).kernel == "fp8"
+        out = moe_experts_mxfp4(x, ids, w, layer, GPT_OSS)
+        assert torch.equal(out, _path_b(x, ids, w, experts, GPT_OSS, _workspace(2**24, "cpu")))
+        assert ws.stats.hits > 0
+        assert _layer.plan_for(x[:5], ids[:5], layer).kernel != "fp8"  # below DAYZERO_MOE_B_MIN_TOKENS
+        assert _layer.plan_for(x, ids, experts).kernel != "fp8"  # no workspace
+    assert rel_err(path_a, exact(x, ids, w, experts, GPT_OSS)) < 1e-2
+    assert rel_err(out, exact(x, ids, w, experts, GPT_OSS)) < 1e-2
 
 
 # -- guards ----------------------------------------------------------------------------------------
 
 def test_conversion_guards_name_the_tensor():
-    from dayzero.kernels.moe_fp8 import convert_mxfp4_to_fp8
+    from dayzero.kernels.moe._fp8 import convert_mxfp4_to_fp8
 
     blocks, scales = random_mxfp4((2, 8), 256, torch.Generator().manual_seed(0), "cpu")
     ids = torch.zeros(1, dtype=torch.int32)
@@ -330,14 +285,12 @@ def test_conversion_guards_name_the_tensor():
 
 
 def test_path_b_guards_name_the_tensor():
-    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
-
     x, ids, w, experts = _layer_case(1, 4, 64, 32, 3, 2, True, "cpu")
     bad = ExpertWeights("mxfp4", experts.w13, experts.w2, experts.w13_scale, experts.w2_scale[:, :-1])
     with pytest.raises(ValueError, match="experts.w2_scale"):
-        moe_experts_mxfp4_fp8(x, ids, w, bad, GPT_OSS, _workspace(2**20, "cpu"))
+        _path_b(x, ids, w, bad, GPT_OSS, _workspace(2**20, "cpu"))
     with pytest.raises(ValueError, match="x must be"):
-        moe_experts_mxfp4_fp8(x.float(), ids, w, experts, GPT_OSS, _workspace(2**20, "cpu"))
+        _path_b(x.float(), ids, w, experts, GPT_OSS, _workspace(2**20, "cpu"))
 
 
 @pytest.mark.parametrize("change,name", [
@@ -348,7 +301,7 @@ def test_path_b_guards_name_the_tensor():
     (lambda e: ExpertWeights("mxfp4", e.w13, e.w2, e.w13_scale, e.w2_scale), "format"),
 ])
 def test_fp8_op_guards_name_the_tensor(change, name):
-    from dayzero.kernels.moe_checks import check_fp8_call, supports_fp8
+    from dayzero.kernels.moe._checks import check_fp8_call, supports_fp8
 
     gen = torch.Generator().manual_seed(4)
     experts = change(_fp8_layer(3, 144, 64, gen, "cpu", True))
@@ -372,17 +325,15 @@ def test_conversion_bytes_equal_reference_folding_cuda():
 @pytest.mark.parametrize("tokens", [1, 37, 512, 2048, 8192])
 def test_path_b_full_shapes_cold_and_warm_cuda(model, tokens, model_layers):
     """Cold (empty workspace) and warm (every expert resident) give the same output, within issue 7's
-    0.5% of the exact layer; the registry op with DAYZERO_MOE_PATH=b runs path B."""
-    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
-
+    0.5% of the exact layer."""
     E, k, H, I, act, _ = MODELS[model]
     experts = model_layers(model)
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, H, generator=gen).to("cuda", torch.bfloat16)
     ids, w = random_routing(tokens, E, k, gen, "cuda")
     ws = _workspace(E * 27 * 2**20, "cuda")
-    cold = moe_experts_mxfp4_fp8(x, ids, w, experts, act, ws)
-    warm = moe_experts_mxfp4_fp8(x, ids, w, experts, act, ws)
+    cold = _path_b(x, ids, w, experts, act, ws)
+    warm = _path_b(x, ids, w, experts, act, ws)
     active = int(torch.unique(ids).numel())
     s = ws.stats
     assert (s.misses, s.hits, s.conversions) == (active, active, active)
@@ -392,8 +343,10 @@ def test_path_b_full_shapes_cold_and_warm_cuda(model, tokens, model_layers):
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-def test_registry_path_b_and_fp8_op_cuda(model, model_layers, monkeypatch):
-    from dayzero import ops
+def test_registry_path_b_and_fp8_op_cuda(model, model_layers):
+    """The registry op with DAYZERO_VARIANT=moe_experts_mxfp4=fp8 runs path B, converting into the layer's
+    workspace; moe_experts_fp8 on requantized experts."""
+    from dayzero import ops, settings
     from dayzero.formats.fp8 import quantize_weight_blocks
     from dayzero.ops import REGISTRY
 
@@ -402,10 +355,10 @@ def test_registry_path_b_and_fp8_op_cuda(model, model_layers, monkeypatch):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(300, H, generator=gen).to("cuda", torch.bfloat16)
     ids, w = random_routing(300, E, k, gen, "cuda")
-    monkeypatch.setenv("DAYZERO_MOE_PATH", "b")
-    with REGISTRY.record_calls(by_backend=True) as calls:
-        out = ops.moe_experts_mxfp4(x, ids, w, experts, act)
-    assert calls == {"moe_experts_mxfp4@triton": 1}
+    ws = _workspace(E * 27 * 2**20, "cuda")
+    with settings.override(variants={"moe_experts_mxfp4": "fp8"}), REGISTRY.record_calls(by_backend=True) as calls:
+        out = ops.moe_experts_mxfp4(x, ids, w, dataclasses.replace(experts, workspace=ws), act)
+    assert calls == {"moe_experts_mxfp4@triton": 1} and ws.stats.misses == int(torch.unique(ids).numel())
     with REGISTRY.force_backend("reference"):
         ref = ops.moe_experts_mxfp4(x, ids, w, experts, act)
     assert rel_err(out, exact(x, ids, w, experts, act)) < 5e-3 and rel_err(out, ref) < 1.5e-2
@@ -425,8 +378,6 @@ def test_prefetch_on_a_side_stream_cuda(model_layers):
     """Three layers, a workspace that holds about two layers' experts: from the second step on,
     layer i converts layer i+1's experts of the previous step on the side stream; outputs equal the
     workspace-free result (no slot is overwritten while read) and the prefetches are used."""
-    from dayzero.kernels.moe_fp8 import moe_experts_mxfp4_fp8
-
     E, k, H, I, act, _ = MODELS["gpt-oss-120b"]
     base = model_layers("gpt-oss-120b")
     layers = [base] + [ExpertWeights("mxfp4", *(t.roll(c, 0) for t in (base.w13, base.w2, base.w13_scale, base.w2_scale)),
@@ -434,14 +385,12 @@ def test_prefetch_on_a_side_stream_cuda(model_layers):
     gen = torch.Generator().manual_seed(9)
     x = torch.randn(64, H, generator=gen).to("cuda", torch.bfloat16)
     routes = [random_routing(64, E, k, gen, "cuda") for _ in layers]
-    from dayzero.kernels.fp8_workspace import expert_slot_bytes
-
-    big = _workspace(3 * E * expert_slot_bytes(I, H), "cuda", prefetch=False)
-    want = [moe_experts_mxfp4_fp8(x, ids, w, layer, act, big) for layer, (ids, w) in zip(layers, routes)]
+    big = _workspace(3 * E * _slot_bytes(I, H), "cuda", prefetch=False)
+    want = [_path_b(x, ids, w, layer, act, big) for layer, (ids, w) in zip(layers, routes)]
     active = max(int(torch.unique(ids).numel()) for ids, _ in routes)
-    ws = _workspace(int(2.2 * active) * expert_slot_bytes(I, H), "cuda", prefetch=True)
+    ws = _workspace(int(2.2 * active) * _slot_bytes(I, H), "cuda", prefetch=True)
     for _ in range(3):
         for layer, (ids, w), ref in zip(layers, routes, want):
-            assert torch.equal(moe_experts_mxfp4_fp8(x, ids, w, layer, act, ws), ref)
+            assert torch.equal(_path_b(x, ids, w, layer, act, ws), ref)
     s = ws.stats
     assert s.prefetched > 0 and s.prefetch_hit_rate > 0.8  # all but the last call's prefetch are used

@@ -1,6 +1,6 @@
-"""The prefill grouped GEMM (moe_mma) through the routed-expert layer: MXFP4 (hand upcast and, on
-CUDA, tl.dot_scaled) and bf16 weights, against the reference op and the exact float32 layer.
-Tolerances as test_moe_mxfp4.py (bf16 activations and intermediate)."""
+"""The prefill grouped GEMM (the "mma" kernel, _mma.py) through the routed-expert layer: MXFP4 and bf16
+weights, against the reference op and the exact float32 layer. Tolerances as test_moe_mxfp4.py (bf16
+activations and intermediate)."""
 
 import pytest
 import torch
@@ -14,13 +14,10 @@ ACTIVATIONS = {"swiglu": Activation("swiglu"), "swiglu_limit": Activation("swigl
 
 
 def _layer(x, ids, w, experts, act, configs):
-    if experts.format == "mxfp4":
-        from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4_fused
+    from dayzero.kernels import moe
 
-        return moe_experts_mxfp4_fused(x, ids, w, experts, act, configs=configs)
-    from dayzero.kernels.moe_bf16 import moe_experts_bf16
-
-    return moe_experts_bf16(x, ids, w, experts, act, configs=configs)
+    op = moe.moe_experts_mxfp4 if experts.format == "mxfp4" else moe.moe_experts_bf16
+    return op(x, ids, w, experts, act, moe.Plan("mma", configs))
 
 
 def _check(x, ids, w, experts, act, configs):
@@ -38,7 +35,7 @@ def _check(x, ids, w, experts, act, configs):
     (23, 3, False, (32, 64, 32, 4)),    # blocks past the last used one; GROUP_M 4 over an uneven count
 ])
 def test_mma_layer_interpreted(fmt, act, tokens, top_k, bias, tiles):
-    from dayzero.kernels.moe_mma import MmaConfig
+    from dayzero.kernels.moe.configs import MmaConfig
 
     gen = torch.Generator().manual_seed(tokens * 5 + top_k)
     E, H, I = 5, 96, 64
@@ -54,29 +51,16 @@ def test_mma_layer_interpreted(fmt, act, tokens, top_k, bias, tiles):
 
 @interpreter
 def test_mma_rejects_mixed_configs_interpreted():
-    from dayzero.kernels.moe_gemm import GemmConfig
-    from dayzero.kernels.moe_mma import MmaConfig
+    from dayzero.kernels.moe.configs import GemmConfig, MmaConfig
 
     gen = torch.Generator().manual_seed(3)
     experts = random_layer(4, 64, 64, gen, "cpu", False)
     x = torch.randn(5, 64, generator=gen).bfloat16()
     ids, w = random_routing(5, 4, 2, gen, "cpu")
-    with pytest.raises(ValueError, match="both GEMMs"):
+    with pytest.raises(ValueError, match="takes a \\(MmaConfig, MmaConfig\\) config"):
         _layer(x, ids, w, experts, GPT_OSS, (MmaConfig(16, 32, 64, 4, 2), GemmConfig(16, 32, 64, 4, 2)))
-
-
-def test_choose_mma_configs_rule():
-    from dayzero.kernels.moe_mma import choose_mma_configs
-
-    assert choose_mma_configs(1 * 4, 128, True, 2880, 2880) is None        # decode: one row per expert
-    assert choose_mma_configs(32 * 4, 128, True, 2880, 2880) is None       # 1.6 rows per expert
-    assert choose_mma_configs(32 * 4, 128, False, 2880, 2880) is None
-    for pairs, experts, mxfp4 in ((512 * 4, 128, True), (8192 * 4, 128, True), (8192 * 6, 256, True),
-                                  (2048 * 4, 128, False), (8192 * 4, 128, False)):
-        c1, c2 = choose_mma_configs(pairs, experts, mxfp4, 2880, 4096)
-        assert c1.block_m == c2.block_m and c1.block_m >= 64
-    assert choose_mma_configs(8192 * 6, 256, True, 2048, 4096)[0].block_m == 256      # DeepSeek-V4: 192 rows
-    assert choose_mma_configs(512 * 4, 128, True, 2880, 2880)[0].block_n == 64        # 2880 = 45 x 64
+    with pytest.raises(ValueError, match="both GEMMs"):
+        _layer(x, ids, w, experts, GPT_OSS, (MmaConfig(16, 32, 64, 4, 2), MmaConfig(32, 32, 64, 4, 2)))
 
 
 MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
@@ -87,12 +71,10 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
 
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("tokens,variant", [(300, "hand"), (2048, "hand"), (8192, "hand"), (2048, "bf16"),
-                                            (8192, "bf16"), (8192, "scaled")])
+@pytest.mark.parametrize("tokens,variant", [(300, "mxfp4"), (2048, "mxfp4"), (8192, "mxfp4"), (2048, "bf16"),
+                                            (8192, "bf16")])
 def test_mma_layer_full_shapes_cuda(model, tokens, variant):
-    from dataclasses import replace
-
-    from dayzero.kernels.moe_mma import MmaConfig, choose_mma_configs
+    from dayzero.kernels.moe.choose import Shapes, mma_configs
 
     E, k, H, I, act, bias = MODELS[model]
     gen = torch.Generator().manual_seed(tokens + len(model))
@@ -101,11 +83,8 @@ def test_mma_layer_full_shapes_cuda(model, tokens, variant):
         experts = as_bf16(experts)
     x = torch.randn(tokens, H, generator=gen).bfloat16().cuda()
     ids, w = random_routing(tokens, E, k, gen, "cuda")
-    # 300 tokens: few rows per expert (the rule picks another kernel): forced tiles, mostly padding
-    c1, c2 = choose_mma_configs(tokens * k, E, variant != "bf16", I, H) or (MmaConfig(64, 64, 64, 4, 3),) * 2
-    if variant != "bf16":
-        c1, c2 = replace(c1, scaled=variant == "scaled"), replace(c2, scaled=variant == "scaled")
-    out = _layer(x, ids, w, experts, act, (c1, c2))
+    # 300 tokens: few rows per expert (the rule picks another kernel there): tiles mostly padding
+    out = _layer(x, ids, w, experts, act, mma_configs(Shapes(variant, tokens, k, E, H, I)))
     assert torch.isfinite(out).all()
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
 

@@ -1,4 +1,5 @@
-"""Path A (moe_experts_mxfp4, "triton") against the reference op and the exact float32 layer.
+"""moe_experts_mxfp4 "triton" through its "gemm" kernel (_gemm.py, the transposed tensor-core GEMM) against
+the reference op and the exact float32 layer; the upcast's exactness; the argument checks.
 
 Tolerance: bf16 activations and a bf16 intermediate give ~4e-3 relative error (Frobenius) against the
 exact layer; the reference itself, computed in bf16 throughout, lands at ~5e-3. Kernels must stay
@@ -17,17 +18,18 @@ GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
 ACTIVATIONS = {"swiglu": Activation("swiglu"), "swiglu_limit": Activation("swiglu", limit=1.5), "gpt_oss": GPT_OSS}
 
 
-def _run(x, ids, w, experts, act, configs=None):
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4
+def _run(x, ids, w, experts, act, plan=None):
+    from dayzero.kernels.moe import moe_experts_mxfp4
 
-    return moe_experts_mxfp4(x, ids, w, experts, act, configs=configs)
+    return moe_experts_mxfp4(x, ids, w, experts, act, plan)
 
 
-def _small_configs(block_m, block_n, block_k):
-    from dayzero.kernels.moe_gemm import GemmConfig
+def _small_plan(block_m, block_n, block_k):
+    from dayzero.kernels.moe import Plan
+    from dayzero.kernels.moe.configs import GemmConfig
 
     c = GemmConfig(block_m, block_n, block_k, num_warps=4, num_stages=2)
-    return c, c
+    return Plan("gemm", (c, c))
 
 
 @interpreter
@@ -40,7 +42,7 @@ def test_mxfp4_layer_interpreted(act, tokens, top_k, bias, tiles):
     experts = random_layer(E, H, I, gen, "cpu", bias)
     x = torch.randn(tokens, H, generator=gen).bfloat16()
     ids, w = random_routing(tokens, E, top_k, gen, "cpu")
-    out = _run(x, ids, w, experts, ACTIVATIONS[act], _small_configs(*tiles))
+    out = _run(x, ids, w, experts, ACTIVATIONS[act], _small_plan(*tiles))
     ref = _experts_reference(x, ids, w, experts, ACTIVATIONS[act])
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     assert rel_err(out, exact(x, ids, w, experts, ACTIVATIONS[act])) < 1e-2
@@ -49,8 +51,8 @@ def test_mxfp4_layer_interpreted(act, tokens, top_k, bias, tiles):
 
 def _readback(experts_blocks, experts_scales, device, configs):
     """Each weight row read back through the GEMM: x = identity rows, one expert, no activation."""
-    from dayzero.kernels.moe_dispatch import dispatch
-    from dayzero.kernels.moe_gemm import grouped_gemm
+    from dayzero.kernels.moe._dispatch import dispatch
+    from dayzero.kernels.moe._gemm import grouped_gemm
 
     E, N, kb, _ = experts_blocks.shape
     K = kb * 32
@@ -64,7 +66,7 @@ def _readback(experts_blocks, experts_scales, device, configs):
 
 def _check_readback(device, scale_range, block_k):
     from dayzero.formats import mxfp4
-    from dayzero.kernels.moe_gemm import GemmConfig
+    from dayzero.kernels.moe.configs import GemmConfig
 
     gen = torch.Generator().manual_seed(scale_range[0])
     blocks, scales = random_mxfp4((1, 64), 128, gen, device, scale_range)
@@ -93,7 +95,7 @@ def test_mxfp4_upcast_is_exact_cuda(scale_range, block_k):
 def test_mxfp4_nan_scale_gives_nan_cuda():
     """Scale byte 0xFF (E8M0 NaN) makes its block NaN; in a product every output of that weight row
     is then NaN (NaN * 0 is NaN), and nothing else."""
-    from dayzero.kernels.moe_gemm import GemmConfig
+    from dayzero.kernels.moe.configs import GemmConfig
 
     gen = torch.Generator().manual_seed(1)
     blocks, scales = random_mxfp4((1, 64), 128, gen, "cuda")
@@ -122,7 +124,7 @@ def _guard_layer(device):
     (lambda x, e: (x, ExpertWeights("bf16", e.w13, e.w2)), "format"),
 ])
 def test_mxfp4_guards_name_the_tensor(change, name):
-    from dayzero.kernels.moe_checks import check_mxfp4_call, supports_mxfp4
+    from dayzero.kernels.moe._checks import check_mxfp4_call, supports_mxfp4
 
     x, ids, w, experts = _guard_layer("cpu")
     x, experts = change(x, experts)
@@ -132,7 +134,7 @@ def test_mxfp4_guards_name_the_tensor(change, name):
 
 
 def test_mxfp4_guards_alignment_and_activation():
-    from dayzero.kernels.moe_checks import check_mxfp4_call
+    from dayzero.kernels.moe._checks import check_mxfp4_call
 
     x, ids, w, experts = _guard_layer("cpu")
     buf = torch.empty(experts.w13.numel() + 1, dtype=torch.uint8)

@@ -1,4 +1,4 @@
-"""The Gluon prefill kernel (moe_wgmma): its column permutation and activation gather on CPU (the gather
+"""The Gluon prefill kernel ("wgmma", _wgmma.py): its column permutation and activation gather on CPU (the gather
 under the interpreter), its sm_90 compilation on CPU (the upcast lands in the wgmma operand layout
 without data movement, nothing spills), and on CUDA the whole layer at both model shapes against the
 exact float32 layer and the reference op."""
@@ -27,7 +27,7 @@ def _store_column(n: torch.Tensor) -> torch.Tensor:
 
 
 def test_physical_columns_is_a_permutation_inverted_by_the_store():
-    from dayzero.kernels.moe_wgmma import physical_columns
+    from dayzero.kernels.moe._wgmma import physical_columns
 
     phys = physical_columns()
     assert sorted(phys.tolist()) == list(range(64))
@@ -45,8 +45,8 @@ def test_physical_columns_is_a_permutation_inverted_by_the_store():
 @interpreter
 @pytest.mark.parametrize("K,block_m,gather", [(96, 16, True), (64, 32, False), (160, 16, True)])
 def test_gather_permute_interpreted(K, block_m, gather):
-    from dayzero.kernels.moe_dispatch import dispatch
-    from dayzero.kernels.moe_wgmma import gather_permute, physical_columns
+    from dayzero.kernels.moe._dispatch import dispatch
+    from dayzero.kernels.moe._wgmma import gather_permute, physical_columns
 
     gen = torch.Generator().manual_seed(K + block_m)
     T, E, k = 13, 5, 2
@@ -63,23 +63,10 @@ def test_gather_permute_interpreted(K, block_m, gather):
     assert torch.equal(out[valid].float(), src[rows][:, cols])  # zeros past K (they meet zero weights)
 
 
-def test_choose_wgmma_config_rule():
-    from dayzero.kernels.moe_wgmma import WgmmaConfig, available, choose_wgmma_config
+def test_wgmma_config_checks():
+    from dayzero.kernels.moe.configs import WgmmaConfig
 
-    assert choose_wgmma_config(128 * 4, 128).block_t == 16      # 4 rows per expert (above: the decode kernels)
-    assert choose_wgmma_config(256 * 4, 128).block_t == 16      # 8 rows
-    assert choose_wgmma_config(512 * 6, 256).block_t == 32      # 12 rows: a tenth of the experts above 16
-    assert choose_wgmma_config(512 * 4, 128).block_t == 32      # 16 rows: a third of the experts overflow 16
-    assert choose_wgmma_config(1024 * 4, 128).block_t == 64     # 32 rows
-    # 256 rows: half the experts overflow a 256-row block, a third by at most 16 rows: one 16-row tail pays
-    assert choose_wgmma_config(8192 * 4, 128) == WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=16)
-    # 192 rows: one 256 block per expert, from a 16-row dispatch (no padding rows stored)
-    assert choose_wgmma_config(8192 * 6, 256) == WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=16)
-    assert choose_wgmma_config(4096 * 4, 128) == WgmmaConfig(128)  # 128 rows
-    assert not available(torch.zeros(1))                         # CPU tensors: moe_mma / the interpreter
-
-    for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1),
-                dict(block_t=128, a_smem=True, pipeline=True), dict(block_t=128, tail_blocks=2),
+    for bad in (dict(block_t=96), dict(block_t=512), dict(block_t=128, num_stages=1), dict(block_t=128, tail_blocks=2),
                 dict(block_t=64, tail_blocks=1), dict(block_t=256, tail_blocks=1, tail_rows=48),
                 dict(block_t=64, tail_blocks=2, tail_rows=32)):
         with pytest.raises(ValueError, match="WgmmaConfig"):
@@ -88,7 +75,6 @@ def test_choose_wgmma_config_rule():
 
 @pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
                                   ["--k", "4096", "--gated", "--bt", "64", "--low"],
-                                  ["--k", "2880", "--gated", "--bt", "128", "--low", "--a-smem"],
                                   ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
                                   ["--k", "2048", "--bt", "128", "--low", "--pipeline"]])
 def test_wgmma_kernel_compiles_for_sm90(args):
@@ -107,14 +93,14 @@ def test_wgmma_kernel_compiles_for_sm90(args):
         assert "WARPGROUP 4," in loop and "HGMMA 8," in loop, out
 
 
-MODES = {"reg": {}, "smem": dict(a_smem=True), "pipe": dict(pipeline=True),
-         "pipe128": dict(pipeline=True, max_registers=128), "split": dict(pipeline=True, tail_blocks=2),
+MODES = {"reg": {}, "pipe": dict(pipeline=True), "split": dict(pipeline=True, tail_blocks=2),
          "split1": dict(pipeline=True, tail_blocks=1), "split32": dict(pipeline=True, tail_blocks=1, tail_rows=32),
          "split16": dict(pipeline=True, tail_blocks=3, tail_rows=16)}
 
 
 def _wgmma_layer(x, ids, w, experts, act, block_t, stages=4, high=True, mode="reg"):
-    from dayzero.kernels.moe_wgmma import WgmmaConfig, moe_layer_wgmma
+    from dayzero.kernels.moe._wgmma import moe_layer_wgmma
+    from dayzero.kernels.moe.configs import WgmmaConfig
 
     E, n13, H = experts.w13.shape[0], experts.w13.shape[1], x.shape[1]
     w13 = experts.w13.view(torch.int32).view(E, n13, H // 8)
@@ -132,9 +118,9 @@ MODELS = {  # experts, top_k, hidden, intermediate, activation, biases
 @cuda
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("tokens,block_t,stages,mode", [
-    (128, 16, 4, "reg"), (512, 32, 4, "reg"), (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"), (8192, 256, 3, "reg"), (2048, 64, 4, "smem"),
-    (8192, 128, 4, "smem"), (8192, 256, 3, "smem"), (300, 64, 4, "pipe"), (2048, 128, 4, "pipe"),
-    (8192, 128, 4, "pipe"), (8192, 128, 4, "pipe128"), (8192, 256, 3, "pipe"), (8192, 256, 4, "split"),
+    (128, 16, 4, "reg"), (512, 32, 4, "reg"), (300, 64, 4, "reg"), (2048, 128, 4, "reg"), (8192, 128, 3, "reg"),
+    (8192, 256, 3, "reg"), (300, 64, 4, "pipe"), (2048, 128, 4, "pipe"), (8192, 128, 4, "pipe"),
+    (8192, 256, 3, "pipe"), (8192, 256, 4, "split"),
     (2048, 256, 4, "split"), (4096, 128, 4, "split1"), (8192, 256, 3, "split32")])
 def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, mode):
     E, k, H, I, act, bias = MODELS[model]
@@ -152,7 +138,7 @@ def test_wgmma_layer_full_shapes_cuda(model, tokens, block_t, stages, mode):
 
 
 @cuda
-@pytest.mark.parametrize("mode", ["reg", "smem", "pipe"])
+@pytest.mark.parametrize("mode", ["reg", "pipe"])
 @pytest.mark.parametrize("act", [Activation("swiglu"), Activation("swiglu", limit=1.5), GPT_OSS])
 def test_wgmma_layer_small_shapes_cuda(act, mode):
     """Masked K tails (H = 96, I = 160: neither a multiple of 64), an N tail in both GEMMs, scale bytes
@@ -193,19 +179,18 @@ def test_wgmma_layer_split_blocks_cuda(tokens, block_t, mode):
 
 @cuda
 def test_moe_layer_picks_wgmma_on_hopper_cuda():
-    """moe_experts_mxfp4 at prefill sizes runs this kernel on sm_90 and agrees with moe_mma."""
-    from dayzero.kernels.moe_mma import choose_mma_configs
-    from dayzero.kernels.moe_mxfp4 import moe_experts_mxfp4_fused
-    from dayzero.kernels.moe_wgmma import available
+    """moe_experts_mxfp4 at prefill sizes runs this kernel on sm_90 and agrees with the mma kernel."""
+    from dayzero.kernels.moe import Plan, moe_experts_mxfp4, plan_for
+    from dayzero.kernels.moe.choose import Shapes, mma_configs
 
     E, k, H, I, act, bias = MODELS["gpt-oss-120b"]
     gen = torch.Generator().manual_seed(3)
     experts = random_layer(E, H, I, gen, "cuda", bias)
     x = torch.randn(1024, H, generator=gen).bfloat16().cuda()
     ids, w = random_routing(1024, E, k, gen, "cuda")
-    if not available(x):
+    if plan_for(x, ids, experts).kernel != "wgmma":
         pytest.skip("not an sm_90 device")
-    out = moe_experts_mxfp4_fused(x, ids, w, experts, act)
-    old = moe_experts_mxfp4_fused(x, ids, w, experts, act, configs=choose_mma_configs(1024 * k, E, True, I, H))
+    out = moe_experts_mxfp4(x, ids, w, experts, act)
+    old = moe_experts_mxfp4(x, ids, w, experts, act, Plan("mma", mma_configs(Shapes("mxfp4", 1024, k, E, H, I))))
     ref = exact(x, ids, w, experts, act)
     assert rel_err(out, ref) < 1e-2 and rel_err(out, old) < 1e-2

@@ -1,4 +1,4 @@
-"""The routing kernels (dayzero/kernels/routing.py) against the reference routing ops, on CPU under
+"""The routing kernels (dayzero/kernels/routing/) against the reference routing ops, on CPU under
 Triton's interpreter (small shapes) and on CUDA (model shapes, CUDA-graph capture, registry dispatch).
 
 Reference and kernel compute the scores with different exp/sqrt, so they can order two experts
@@ -32,9 +32,9 @@ def reference(name, *args):
 
 
 def kernel(name, *args):
-    from dayzero.kernels import routing
+    from dayzero.kernels.routing import _topk
 
-    return getattr(routing, name)(*args)
+    return getattr(_topk, name)(*args)
 
 
 def assert_same_routing(name, *args):
@@ -184,7 +184,7 @@ def test_no_tokens_interpreted():
 
 
 def test_guards_name_the_argument():
-    from dayzero.kernels import routing
+    from dayzero.kernels.routing import _checks as routing
 
     x = torch.randn(4, 16)
     cases = [
@@ -216,7 +216,7 @@ def test_guards_name_the_argument():
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="correction_bias is on"):
             routing.check_sqrtsoftplus_call(x.cuda(), torch.zeros(16), 2)
-    assert not routing.supports_sqrtsoftplus(x, None, 2)  # CPU tensors: the reference runs
+    assert not routing.SUPPORTS["route_sqrtsoftplus"](x, None, 2)  # CPU tensors: the reference runs
 
 
 def test_registered_beside_every_routing_op():

@@ -45,10 +45,31 @@ def test_forced_reference_and_missing_forced_backend():
             op(x, 2.0)
 
 
-def test_env_forces_backend(monkeypatch):
+def test_the_backend_setting_forces_backend():
+    from dayzero import settings
+
     reg, op = _registry_with_kernels()
-    monkeypatch.setenv("DAYZERO_BACKEND", "fast")
-    assert op(torch.randn(1, 8), 1.0)[0] == "fast"
+    with settings.override(backend="fast"):  # DAYZERO_BACKEND=fast
+        assert op(torch.randn(1, 8), 1.0)[0] == "fast"
+    assert op(torch.randn(1, 8), 1.0)[0] == "picky"
+
+
+def test_kernel_variants_are_listed_and_checked():
+    from dayzero import settings
+
+    reg, _ = _registry_with_kernels()
+    reg.define("gemm", lambda x: x)
+    reg.register_kernel("gemm", lambda x: x, backend="fast", devices=["cpu"],
+                        variants={"tiled": "tiles of 64", "split": "K split in two"})
+    assert reg.variants("gemm") == {"fast": {"tiled": "tiles of 64", "split": "K split in two"}}
+    assert reg.variants("scale") == {}
+    table = reg.coverage_table(["gemm", "scale"])
+    assert "gemm [fast]" in table and "split  K split in two" in table
+    with settings.override(variants={"gemm": "split"}):
+        reg.check_variants()
+    with settings.override(variants={"gemm": "splat"}):
+        with pytest.raises(ValueError, match="gemm=splat; gemm has variants split, tiled"):
+            reg.check_variants()
 
 
 def test_backends_and_coverage_table():

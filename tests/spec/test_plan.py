@@ -85,7 +85,7 @@ def test_expert_workspace_policy():
 
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "deepseek-v4-flash"])
 def test_planned_workspace_holds_every_expert_in_the_kernels_slot_layout(name):
-    from dayzero.kernels.fp8_workspace import expert_slot_bytes
+    from dayzero.kernels.moe import expert_slot_bytes
 
     spec = load_spec(config(name))
     e = spec.experts

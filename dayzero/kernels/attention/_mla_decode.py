@@ -30,14 +30,13 @@ length is read on the device.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.devices import sm_count
+from dayzero.kernels.devices import interpreted, sm_count
 from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
 
 LOG2E = 1.4426950408889634
@@ -47,7 +46,7 @@ REDUCE_COLUMNS = 128  # latent columns per program of the split merge
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    return interpreted()
 
 
 @dataclass(frozen=True)

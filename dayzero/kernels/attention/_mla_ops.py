@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 
 from dayzero.ops.paged import PagedStream, SeqBatch
+from dayzero.kernels.devices import triton_cuda
+
+PRIORITY = 10  # above the reference
 
 MAX_LATENT = 512  # the decode kernel holds a [64, latent] float32 accumulator per program
 MAX_HEAD_DIM = 256
@@ -80,7 +83,5 @@ def supports_paged_mla(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs) -
 
 def register_mla(registry) -> None:
     """Register the Triton paged_mla_attention for CUDA in `registry` (dayzero.ops.registry.Registry)."""
-    from dayzero.kernels import TRITON_PRIORITY, triton_cuda_available
-
     registry.register_kernel("paged_mla_attention", paged_mla_attention, backend="triton", devices=["cuda"],
-                             priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports_paged_mla)
+                             priority=PRIORITY, available=triton_cuda, supports=supports_paged_mla)

@@ -10,6 +10,9 @@ import torch
 
 from dayzero.kernels.attention.gqa_choose import H200_SMS, Plan, choose
 from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
+from dayzero.kernels.devices import triton_cuda
+
+PRIORITY = 10  # above the reference
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 256  # one [rows, head_dim] float32 accumulator per program
@@ -133,7 +136,5 @@ def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: S
 
 def register_gqa(registry) -> None:
     """Register the Triton paged_gqa_attention for CUDA in `registry` (dayzero.ops.registry.Registry)."""
-    from dayzero.kernels import TRITON_PRIORITY, triton_cuda_available
-
     registry.register_kernel("paged_gqa_attention", paged_gqa_attention, backend="triton", devices=["cuda"],
-                             priority=TRITON_PRIORITY, available=triton_cuda_available, supports=supports)
+                             priority=PRIORITY, available=triton_cuda, supports=supports)

@@ -1,6 +1,6 @@
-"""Path B: routed experts converted online from MXFP4 to FP8 E4M3 into the cross-layer workspace
-(dayzero.kernels.fp8_workspace), then an FP8 grouped GEMM on the tensor cores with path A's fused
-epilogue. The same GEMM is the "triton" kernel of moe_experts_fp8 (DeepSeek-V3 FP8 experts).
+"""Path B (the "fp8" kernel of moe_experts_mxfp4): routed experts converted online from MXFP4 to FP8 E4M3
+into the cross-layer workspace (_workspace.py), then an FP8 grouped GEMM on the tensor cores with path
+A's fused epilogue. The same GEMM is the "fp8" kernel of moe_experts_fp8 (DeepSeek-V3 FP8 experts).
 
 Layouts:
     converted expert (one workspace slot), as dayzero.formats.mxfp4_fp8 defines it (bytes equal):
@@ -8,8 +8,8 @@ Layouts:
         w2  float8_e4m3fn [H, I],  w2_scale  float32 [H, ceil(I/128)]    128 of K (W_SCALE_ROWS = 1)
     moe_experts_fp8 weights: w13 float8_e4m3fn [E, 2I, H], scale float32 [E, ceil(2I/128), ceil(H/128)]
         (DeepSeek weight_scale_inv, one per 128 x 128 block: W_SCALE_ROWS = 128); slot = expert.
-    activations, TERMS (1 or 2) FP8 terms per value, one float32 scale per (row, 128 of K):
-        a float8_e4m3fn [rows, TERMS, K], a_scale float32 [rows, ceil(K/128)]
+    activations, two FP8 terms per value, one float32 scale per (row, 128 of K):
+        a float8_e4m3fn [rows, 2, K], a_scale float32 [rows, ceil(K/128)]
         x ~= (a[:, 0] + a[:, 1]) * a_scale[:, k // 128]
         term 0 = x / scale rounded to E4M3 (scale = amax / 448, as dayzero.formats.fp8 "float32");
         term 1 = (x - term 0 * scale) / scale rounded: what term 0 left. E4M3 is a floating format, so
@@ -20,38 +20,30 @@ Why two terms: E4M3 keeps 3 mantissa bits, so one term costs about 2.5% relative
 bf16 rounding of the activations (1.7e-3), as issue 7's 0.5% end-to-end target needs. They cost two
 FP8 MMAs per weight tile (the tensor-core time of one bf16 MMA) and read the weights at 1 byte per
 parameter; the two products accumulate in one chain (acc = W a0, then W a1 + acc).
-`DAYZERO_MOE_B_TERMS=1` selects plain W8A8 (one term).
 
-The GEMM computes the transposed product like moe_gemm (weights are the left MMA operand,
+The GEMM computes the transposed product like _gemm.py (weights are the left MMA operand,
 acc[BLOCK_N, BLOCK_M]), with BLOCK_K = 128, the scale group: each K step's FP8 product is taken in
 float32 and multiplied by weight scale x activation scale before it joins the accumulator. The
-gate/up GEMM (BLOCK_N = 128) quantizes its activated output h into the down GEMM's TERMS x FP8 + scale
+gate/up GEMM (BLOCK_N = 128) quantizes its activated output h into the down GEMM's two FP8 terms + scale
 layout in its epilogue, one scale per (row, output tile).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.moe_gemm import GemmConfig, interpreting, kernel_activation
+from dayzero.formats.mxfp4 import decode_e2m1_pairs, exp2_float32
+from dayzero.kernels.moe._common import interpreting, kernel_activation
+from dayzero.kernels.moe._dispatch import combine, dispatch
+from dayzero.kernels.moe.choose import FP8_GROUP as GROUP
+from dayzero.kernels.moe.configs import GemmConfig
 
-GROUP = 128  # K values per scale, weights and activations
-TERMS_ENV = "DAYZERO_MOE_B_TERMS"
-DEFAULT_TERMS = 2
+TERMS = 2  # FP8 terms per activation value (module docstring)
 FP8_MAX = 448.0
-
-
-def activation_terms() -> int:
-    """FP8 terms per activation value (module docstring): DAYZERO_MOE_B_TERMS, 1 or 2 (default 2)."""
-    raw = os.environ.get(TERMS_ENV, str(DEFAULT_TERMS))
-    if raw not in ("1", "2"):
-        raise ValueError(f"{TERMS_ENV} must be 1 or 2 (FP8 terms per activation), got {raw!r}")
-    return int(raw)
 
 
 # -- MXFP4 -> FP8 conversion ----------------------------------------------------------------------
@@ -64,8 +56,6 @@ def conversion_table(device: torch.device) -> torch.Tensor:
     """int16 [27 * 256]: entry (r - SHIFT_MIN) * 256 + b holds the two E4M3 bytes (even k low) of the packed
     E2M1 byte b times 2^r, for r in [-20, 6]: torch's float32 -> float8_e4m3fn conversion (round to
     nearest even) of exact float32 values, as mxfp4_fp8.mxfp4_to_fp8 computes them. 13.8 KB, L1-resident."""
-    from dayzero.formats.mxfp4 import decode_e2m1_pairs, exp2_float32
-
     shifts = torch.arange(SHIFT_MIN, 7)
     pairs = decode_e2m1_pairs(torch.arange(256, dtype=torch.uint8)).view(1, 256, 2)
     values = pairs * exp2_float32(shifts).view(-1, 1, 1)  # exact in float32
@@ -170,47 +160,43 @@ def _as_e4m3(r, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def _quantize_terms(v, AXIS: tl.constexpr, TERMS: tl.constexpr, INTERPRET: tl.constexpr):
-    """float32 values, 128 of them along AXIS -> (term 0, term 1 (term 0 again when TERMS == 1), scale)."""
+def _quantize_terms(v, AXIS: tl.constexpr, INTERPRET: tl.constexpr):
+    """float32 values, 128 of them along AXIS -> (term 0, term 1, scale)."""
     amax = tl.max(tl.abs(v), axis=AXIS)
     scale = tl.maximum(amax / 448.0, 1.1754943508222875e-38)  # 2^-126 for all-zero groups, like formats.fp8
     s = tl.expand_dims(scale, AXIS)
     r0 = _round_e4m3(v / s)
     q0 = _as_e4m3(r0, INTERPRET)
-    q1 = q0
-    if TERMS == 2:
-        q1 = _as_e4m3(_round_e4m3((v - r0 * s) / s), INTERPRET)
+    q1 = _as_e4m3(_round_e4m3((v - r0 * s) / s), INTERPRET)
     return q0, q1, scale
 
 
 @triton.jit
 def _quantize_kernel(x_ptr, q_ptr, s_ptr, T, K: tl.constexpr, stride_x, stride_q, stride_s,
-                     TERMS: tl.constexpr, BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr):
+                     BLOCK_T: tl.constexpr, INTERPRET: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     g = tl.program_id(1)
     offs_k = g * 128 + tl.arange(0, 128)
     row_mask = rows < T
     mask = row_mask[:, None] & (offs_k < K)[None, :]
     v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_x + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-    q0, q1, scale = _quantize_terms(v, 1, TERMS, INTERPRET)
+    q0, q1, scale = _quantize_terms(v, 1, INTERPRET)
     q_ptrs = q_ptr + rows.to(tl.int64)[:, None] * stride_q + offs_k[None, :]
     tl.store(q_ptrs, q0, mask=mask)
-    if TERMS == 2:
-        tl.store(q_ptrs + K, q1, mask=mask)
+    tl.store(q_ptrs + K, q1, mask=mask)
     tl.store(s_ptr + rows.to(tl.int64) * stride_s + g, scale, mask=row_mask)
 
 
-def quantize_activations(x: torch.Tensor, terms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] (any float) -> (float8_e4m3fn [T, terms, K], float32 scales [T, ceil(K/128)]); module docstring."""
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, K] (any float) -> (float8_e4m3fn [T, 2, K], float32 scales [T, ceil(K/128)]); module docstring."""
     T, K = x.shape
     G = triton.cdiv(K, GROUP)
-    q = torch.empty(T, terms, K, dtype=torch.float8_e4m3fn, device=x.device)
+    q = torch.empty(T, TERMS, K, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(T, G, dtype=torch.float32, device=x.device)
     if T:
         block_t = 16
         _quantize_kernel[(triton.cdiv(T, block_t), G)](x, q, s, T, K, x.stride(0), q.stride(0), s.stride(0),
-                                                       TERMS=terms, BLOCK_T=block_t,
-                                                       INTERPRET=interpreting(), num_warps=4)
+                                                       BLOCK_T=block_t, INTERPRET=interpreting(), num_warps=4)
     return q, s
 
 
@@ -223,7 +209,7 @@ def dequantize_activations(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _scaled_dot(w_base, w_scale_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn, stride_sn,
-                W_SCALE_ROWS: tl.constexpr, TERMS: tl.constexpr, INTERPRET: tl.constexpr):
+                W_SCALE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """float32 [BLOCK_N, BLOCK_M]: one 128-deep K group of W x (A0 + A1)^T with both scales applied."""
     w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
                 other=0.0)
@@ -231,8 +217,7 @@ def _scaled_dot(w_base, w_scale_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1,
     if INTERPRET:  # the interpreter's dot takes no FP8 operands
         w = w.to(tl.float32)
     p = tl.dot(w, a0)
-    if TERMS == 2:
-        p = tl.dot(w, a1, p)
+    p = tl.dot(w, a1, p)
     return p * (w_scale[:, None] * a_scale[None, :])
 
 
@@ -242,13 +227,13 @@ def _fp8_gemm_kernel(
     block_expert_ptr, router_weight_ptr,
     N, S, E, up_offset, alpha, limit,
     stride_am, stride_asm, stride_ws, stride_wn, stride_ss, stride_sn, stride_be, stride_om, stride_osm,
-    K: tl.constexpr, TERMS: tl.constexpr, W_SCALE_ROWS: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
+    K: tl.constexpr, W_SCALE_ROWS: tl.constexpr, GATHER: tl.constexpr, TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_BIAS: tl.constexpr, ROUTER_WEIGHT: tl.constexpr,
     QUANT_OUT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
 ):
     """One [BLOCK_M rows x BLOCK_N outputs] tile of one expert, whose weights sit in slot slot[expert].
-    Rows as moe_gemm's kernel (GATHER: A row = token of the pair). QUANT_OUT stores the tile as TERMS
-    FP8 terms + one scale per row (BLOCK_N must be 128), else bf16."""
+    Rows as _gemm.py's kernel (GATHER: A row = token of the pair). QUANT_OUT stores the tile as two FP8
+    terms + one scale per row (BLOCK_N must be 128), else bf16."""
     BLOCK_K: tl.constexpr = 128
     mb = tl.program_id(0)
     expert = tl.load(block_expert_ptr + mb)
@@ -279,18 +264,16 @@ def _fp8_gemm_kernel(
         a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :]
         a_mask = row_valid[:, None] & k_mask[None, :]
         a0 = tl.trans(tl.load(a_ptrs, mask=a_mask, other=0.0))
-        a1 = a0
-        if TERMS == 2:
-            a1 = tl.trans(tl.load(a_ptrs + K, mask=a_mask, other=0.0))
+        a1 = tl.trans(tl.load(a_ptrs + K, mask=a_mask, other=0.0))
         if INTERPRET:
             a0 = a0.to(tl.float32)
             a1 = a1.to(tl.float32)
         a_scale = tl.load(a_scale_ptr + a_rows * stride_asm + g, mask=row_valid, other=0.0)
         acc += _scaled_dot(w_base, ws_base, offs_n, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn, stride_sn,
-                           W_SCALE_ROWS, TERMS, INTERPRET)
+                           W_SCALE_ROWS, INTERPRET)
         if GATED:
             acc_up += _scaled_dot(w_base, ws_base, offs_up, n_mask, offs_k, k_mask, g, a0, a1, a_scale, stride_wn,
-                                  stride_sn, W_SCALE_ROWS, TERMS, INTERPRET)
+                                  stride_sn, W_SCALE_ROWS, INTERPRET)
 
     if HAS_BIAS:
         b_base = bias_ptr + expert.to(tl.int64) * stride_be
@@ -312,40 +295,27 @@ def _fp8_gemm_kernel(
         acc = acc * tl.load(router_weight_ptr + pair, mask=row_valid, other=0.0).to(tl.float32)[None, :]
     out_rows = rows.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     if QUANT_OUT:
-        q0, q1, scale = _quantize_terms(tl.where(n_mask[:, None], acc, 0.0), 0, TERMS, INTERPRET)
+        q0, q1, scale = _quantize_terms(tl.where(n_mask[:, None], acc, 0.0), 0, INTERPRET)
         tl.store(out_ptr + out_rows, tl.trans(q0), mask=n_mask[None, :])
-        if TERMS == 2:
-            tl.store(out_ptr + out_rows + N, tl.trans(q1), mask=n_mask[None, :])
+        tl.store(out_ptr + out_rows + N, tl.trans(q1), mask=n_mask[None, :])
         tl.store(out_scale_ptr + rows.to(tl.int64) * stride_osm + nb, scale)
     else:
         tl.store(out_ptr + out_rows, tl.trans(acc).to(out_ptr.dtype.element_ty), mask=n_mask[None, :])
 
 
-def choose_fp8_configs(num_pairs: int, num_experts: int, inter: int, hidden: int) -> tuple[GemmConfig, GemmConfig]:
-    """(gate/up, down) tiles from static sizes: BLOCK_N 128 (the gate/up GEMM quantizes h per 128
-    outputs), BLOCK_K 128 (the scale group), BLOCK_M from the average rows per active expert, at most
-    64 (two float32 accumulators of 128 x 64 per CTA in the gate/up GEMM; 128 spills). The best of a
-    tile sweep on the H200 (bench/moe.py --b-sweep, 2026-11-30) at 128 to 8192 tokens on both models."""
-    rows = num_pairs / max(1, min(num_experts, num_pairs))
-    if rows < 8:
-        return GemmConfig(16, 128, GROUP, 4, 4), GemmConfig(16, 64, GROUP, 4, 4)
-    block_m = 32 if rows < 40 else 64
-    return GemmConfig(block_m, 128, GROUP, 8, 3), GemmConfig(block_m, 128, GROUP, 8, 3)
-
-
 def fp8_grouped_gemm(a, a_scale, w, w_scale, slot_of_expert, bias, d, *, out_features: int, gather: bool,
                      activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
                      quant_out: bool = False, w_scale_rows: int = 1, config: GemmConfig):
-    """Launch the FP8 GEMM over the padded rows of dispatch `d`. a: float8_e4m3fn [T or max_rows, terms, K]
+    """Launch the FP8 GEMM over the padded rows of dispatch `d`. a: float8_e4m3fn [T or max_rows, 2, K]
     with a_scale float32 [., ceil(K/128)]; w: float8_e4m3fn [slots, N, K] with w_scale float32
     [slots, N / w_scale_rows, ceil(K/128)]; slot_of_expert int32 [E]. Returns bf16 [max_rows, out_features],
-    or with quant_out (terms FP8 [max_rows, terms, out_features], float32 [max_rows, ceil(out_features/128)])."""
-    terms, K = a.shape[1], a.shape[2]
+    or with quant_out (FP8 [max_rows, 2, out_features], float32 [max_rows, ceil(out_features/128)])."""
+    K = a.shape[2]
     if config.block_k != GROUP or (quant_out and config.block_n != GROUP):
         raise ValueError(f"fp8_grouped_gemm: BLOCK_K must be {GROUP} (and BLOCK_N {GROUP} with quant_out), got {config}")
     dev = a.device
     if quant_out:
-        out = torch.empty(d.max_rows, terms, out_features, dtype=torch.float8_e4m3fn, device=dev)
+        out = torch.empty(d.max_rows, TERMS, out_features, dtype=torch.float8_e4m3fn, device=dev)
         out_scale = torch.empty(d.max_rows, triton.cdiv(out_features, GROUP), dtype=torch.float32, device=dev)
     else:
         out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=dev)
@@ -361,7 +331,7 @@ def fp8_grouped_gemm(a, a_scale, w, w_scale, slot_of_expert, bias, d, *, out_fea
             float(limit) if limit is not None else 0.0,
             a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
             bias.stride(0) if bias is not None else 0, out.stride(0), out_scale.stride(0) if quant_out else 0,
-            K=K, TERMS=terms, W_SCALE_ROWS=w_scale_rows, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
+            K=K, W_SCALE_ROWS=w_scale_rows, GATHER=gather, TOP_K=d.top_k, ACTIVATION=activation,
             HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
             QUANT_OUT=quant_out, BLOCK_M=config.block_m, BLOCK_N=config.block_n, INTERPRET=interpreting(),
             num_warps=config.num_warps, num_stages=config.num_stages,
@@ -370,21 +340,16 @@ def fp8_grouped_gemm(a, a_scale, w, w_scale, slot_of_expert, bias, d, *, out_fea
 
 
 def moe_layer_fp8(x, topk_ids, topk_weights, w13, s13, w2, s2, slot_of_expert, b13, b2, activation, *,
-                  num_experts: int, inter: int, w_scale_rows: int = 1, terms: int | None = None,
-                  configs: tuple[GemmConfig, GemmConfig] | None = None) -> torch.Tensor:
+                  num_experts: int, inter: int, configs: tuple[GemmConfig, GemmConfig],
+                  w_scale_rows: int = 1) -> torch.Tensor:
     """dispatch -> quantize x -> gate/up FP8 GEMM (+ bias, activation, h quantized) -> down FP8 GEMM
     (+ bias, x router weight) -> combine. Arguments already checked; weights as fp8_grouped_gemm takes them."""
-    from dayzero.kernels.moe_dispatch import combine, dispatch
-
     T, H = x.shape
-    if T == 0:
-        return torch.zeros_like(x)
-    terms = terms or activation_terms()
-    c1, c2 = configs or choose_fp8_configs(topk_ids.numel(), num_experts, inter, H)
+    c1, c2 = configs
     if c1.block_m != c2.block_m:
         raise ValueError(f"moe_layer_fp8: both GEMMs must use one BLOCK_M, got {c1.block_m} and {c2.block_m}")
     d = dispatch(topk_ids, num_experts, c1.block_m)
-    a, a_scale = quantize_activations(x, terms)
+    a, a_scale = quantize_activations(x)
     act, alpha = kernel_activation(activation)
     h, h_scale = fp8_grouped_gemm(a, a_scale, w13, s13, slot_of_expert, b13, d, out_features=inter, gather=True,
                                   activation=act, alpha=alpha, limit=activation.limit, quant_out=True,
@@ -394,45 +359,7 @@ def moe_layer_fp8(x, topk_ids, topk_weights, w13, s13, w2, s2, slot_of_expert, b
     return combine(y, d, T, x.dtype)
 
 
-# -- the ops --------------------------------------------------------------------------------------
-
-def moe_experts_mxfp4_fp8(x, topk_ids, topk_weights, experts, activation, workspace=None,
-                          configs=None) -> torch.Tensor:
-    """Path B of moe_experts_mxfp4: the activated experts converted to FP8 into `workspace` (the
-    process-wide one of x's device by default; converted experts are reused across calls), then the
-    FP8 layer. Synchronises with the host once to learn the activated experts (a prefill path: not
-    for CUDA graphs). Raises ValueError when the workspace cannot hold the call's active experts."""
-    from dayzero.kernels.fp8_workspace import default_workspace
-    from dayzero.kernels.moe_checks import check_mxfp4_call
-
-    check_mxfp4_call(x, topk_ids, topk_weights, experts, activation)
-    ws = workspace if workspace is not None else default_workspace(x.device)
-    slot_of_expert = ws.prepare(experts, topk_ids)
-    return moe_layer_fp8(x, topk_ids, topk_weights, ws.w13, ws.w13_scale, ws.w2, ws.w2_scale, slot_of_expert,
-                         experts.b13, experts.b2, activation, num_experts=experts.num_experts,
-                         inter=experts.w13.shape[1] // 2, configs=configs)
-
-
 @functools.cache
-def _identity_slots(num_experts: int, device: torch.device) -> torch.Tensor:
+def identity_slots(num_experts: int, device: torch.device) -> torch.Tensor:
+    """slot_of_expert of stored FP8 experts (moe_experts_fp8): each expert is its own slot."""
     return torch.arange(num_experts, dtype=torch.int32, device=device)
-
-
-def moe_experts_fp8(x, topk_ids, topk_weights, experts, activation, configs=None) -> torch.Tensor:
-    """moe_experts_fp8 "triton": FP8 E4M3 experts with 128 x 128 float32 block scales (DeepSeek-V3),
-    the same FP8 GEMM with each expert its own slot. No host synchronisation."""
-    from dayzero.kernels.moe_checks import check_fp8_call
-
-    check_fp8_call(x, topk_ids, topk_weights, experts, activation)
-    E = experts.num_experts
-
-    def run(a, ids, w):
-        return moe_layer_fp8(a, ids, w, experts.w13, experts.w13_scale, experts.w2, experts.w2_scale,
-                             _identity_slots(E, x.device), experts.b13, experts.b2, activation, num_experts=E,
-                             inter=experts.w13.shape[1] // 2, w_scale_rows=GROUP, configs=configs)
-
-    if configs is None:  # eager decode sizes on CUDA: replay this layer's graph (kernels/moe_graphs.py)
-        from dayzero.kernels.moe_graphs import graphed
-
-        return graphed(run, x, topk_ids, topk_weights, experts, activation)
-    return run(x, topk_ids, topk_weights)

@@ -1,16 +1,12 @@
-"""Prefill GEMM for MXFP4 experts on Hopper (sm_90), written in Gluon: the weights are upcast in
+"""Prefill GEMM for MXFP4 experts on Hopper (sm_90), the "wgmma" kernel of path A, written in Gluon: the weights are upcast in
 registers straight into the wgmma register-operand layout (no shared-memory round trip), the
 activations come by TMA into a ring of shared-memory tiles, and the MMA is issued asynchronously.
 
-Why: moe_mma (plain Triton) stores each upcast weight tile to shared memory for the MMA, changes the
+Why: _mma.py (plain Triton) stores each upcast weight tile to shared memory for the MMA, changes the
 scale tile's layout through shared memory and spends about 500 instructions per thread per K step
-(7.8 per upcast value); it measured 33% of the bf16 matmul rate at 8192 tokens. Here the K loop is
-about 210 instructions per thread for 32 values (tools/sass_moe_wgmma.py), with no shared-memory
-traffic besides TMA. Measured on the H200 (2026-12-01, sixth run, every variant and the bf16 matmul timed
-in turn, in a shuffled order; BENCHMARKS.md, bench/moe_wgmma.py): the layer at 8192 tokens 61% (gpt-oss-120b)
-and 67% (DeepSeek-V4) of the bf16 matmul rate measured in the same state (58% of a cool card's rate;
-moe_mma 29-30%), 1.7-2.2x faster than moe_mma from 512 to 8192 tokens; with 16-row blocks it also runs
-128 tokens (1.7x moe_gemm's kernel on gpt-oss-120b shapes).
+(7.8 per upcast value). Here the K loop is about 210 instructions per thread for 32 values
+(tools/sass_moe_wgmma.py), with no shared-memory traffic besides TMA: 1.7-2.2x the mma kernel from 512
+to 8192 tokens (61-67% of the bf16 matmul rate at 8192), and with 16-row blocks from 3 rows per expert.
 
     acc[BLOCK_N weight rows, BLOCK_T padded rows] = W[BLOCK_N, K] @ X[BLOCK_T, K]^T
 
@@ -20,16 +16,14 @@ Register kernel, per K tile of 64: upcast tile i, load the words of tile i + 1, 
 wgmma, wait for it, refill the slot of tile i - 1; upcast and MMA overlap only across the two programs
 an SM holds at BLOCK_T 64-128 (128 registers). PIPELINE (the default above 96 rows per expert): the loop
 unrolled twice over two register sets, so one wgmma stays in flight while the next tile is upcast, the
-words loaded two tiles ahead; at BLOCK_T 256 (one program per SM) it is MMA-bound (the kernel comment
-says what the compilers need for this). A_SMEM (opt-in, measured slower): the upcast tile is stored to a
-shared-memory double buffer (stmatrix) and one wgmma stays in flight. SCHEDULED: the blocks come from a
-moe_dispatch.BlockList (big blocks and 64-row tail blocks, WgmmaConfig.tail_blocks), stores stopping at
-each expert's last row.
+words loaded two tiles ahead (the kernel comment says what the compilers need for this). SCHEDULED:
+the blocks come from a _dispatch.BlockList (big blocks and tail blocks, WgmmaConfig.tail_blocks), stores
+stopping at each expert's last row.
 
 The K permutation. A thread of the wgmma A fragment (bf16, 64 x 16 per warp group step) holds, of each
 of its two rows, logical columns k with k = h + 2 c + 8 s + 32 r  (c: lane % 4, h, s, r: registers).
 Two E2M1 codes 16 bits apart in a weight word (nibbles j and j + 4) become one bf16x2 register with
-moe_gemm's shift trick, so a thread must hold whole words whose nibbles map onto its k: word w of the
+_common.py's shift trick, so a thread must hold whole words whose nibbles map onto its k: word w of the
 64-wide tile = 4 blk + 2 wib1 + wib0 and nibble j + 4 h, and the logical column of a code is
     kl = h + 2 wib1 + 4 blk + 8 (j & 1) + 16 (j >> 1) + 32 wib0,
 its physical column (its place in the row of the checkpoint) 8 w + j + 4 h. The activations are laid
@@ -37,12 +31,12 @@ out in the same logical order: `gather_permute` writes the dispatched rows of x 
 block permuted (`physical_columns`), and the gate/up epilogue stores h permuted the same way, so both
 GEMMs read their right operand with plain TMA tiles. The kernel converts the upcast tile to the
 operand layout with assert_trivial: a layout that needed data movement would not compile. Every product
-is exact in float32 up to the summation order, as in moe_gemm.
+is exact in float32 up to the summation order, as in the other GEMMs.
 
-The upcast (exact, as moe_gemm's): bits = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12) with
+The upcast (exact, as _common.py's): bits = ((t & 0x00070007) << 6) | ((t & 0x00080008) << 12) with
 t = word >> 4j gives two bf16 holding e2m1 * 2^-126; one bf16x2 multiply by 2^(min(s,128) - 1) (NaN for
 s = 0xFF) and, where a layer has scale bytes above 128 (`HIGH_SCALES`, checked once per layer by
-moe_mxfp4), a second by 2^(max(s,128) - 128) give e2m1 * 2^(s - 127).
+_layer.py), a second by 2^(max(s,128) - 128) give e2m1 * 2^(s - 127).
 
 Gate/up (GATED): the 128 accumulator rows are 64 gate rows and the 64 matching up rows, placed so that
 gate row n and up row n sit in the same thread (rows 16 w + q and 16 w + 8 + q of the MMA layout, both
@@ -53,57 +47,27 @@ overlaps it; tools/diag_wgmma_upcast.py), so it is kept short: the sigmoid by th
 approximations, the router weights loaded once per row and moved to the accumulator's layout through
 shared memory, and the bf16 outputs (h reordered to the down GEMM's column order first) moved through
 shared memory to rows of 8 consecutive columns per thread, stored 16 bytes at a time. Only compiled for CUDA
-sm_90 (Gluon has no interpreter; wgmma is Hopper's): moe_mma stays the path under TRITON_INTERPRET
-and on other devices; DAYZERO_MOE_WGMMA=0 keeps moe_mma on sm_90 too.
+sm_90 (Gluon has no interpreter; wgmma is Hopper's): the mma kernel runs under TRITON_INTERPRET and on
+other devices.
 """
 
 from __future__ import annotations
-
-import math
-import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from dayzero.kernels.moe_dispatch import BlockList, combine, dispatch, split_blocks
-from dayzero.kernels.moe_gemm import interpreting, kernel_activation
+from dayzero.kernels.moe._common import kernel_activation
+from dayzero.kernels.moe._dispatch import BlockList, combine, dispatch, split_blocks
+from dayzero.kernels.moe.configs import WgmmaConfig
 
 BLOCK_K = 64  # the K tile, and the block within which columns are permuted
 BLOCK_N = 128  # weight rows per program (8 warps: two warp groups of 64 rows)
 NUM_WARPS = 8
-TAIL_BLOCK = 64  # default rows of the tail blocks (WgmmaConfig.tail_blocks, tail_rows)
-
-
-@dataclass(frozen=True)
-class WgmmaConfig:
-    block_t: int  # padded rows per program (the dispatch's block_m), 64, 128 or 256
-    num_stages: int = 4
-    group_m: int = 8
-    a_smem: bool = False  # the upcast tile through shared memory, one wgmma kept in flight (kernel comment)
-    pipeline: bool = False  # two register sets for the upcast tile, one wgmma kept in flight (kernel comment)
-    max_registers: int | None = None  # ptxas register cap per thread (128: two 8-warp programs per SM)
-    tail_blocks: int = 0  # split each expert's last rows into up to this many tail blocks (moe_layer_wgmma)
-    tail_rows: int = TAIL_BLOCK  # rows of a tail block (16, 32 or 64)
-
-    def __post_init__(self):
-        if self.block_t not in (16, 32, 64, 128, 256):
-            raise ValueError(f"WgmmaConfig: block_t must be a power of two from 16 to 256, got {self.block_t}")
-        if self.tail_rows not in (16, 32, 64):
-            raise ValueError(f"WgmmaConfig: tail_rows must be 16, 32 or 64, got {self.tail_rows}")
-        if self.tail_blocks and not 0 < self.tail_blocks < self.block_t // self.tail_rows:
-            raise ValueError(f"WgmmaConfig: tail_blocks must be below block_t / tail_rows = "
-                             f"{self.block_t // self.tail_rows}, got {self.tail_blocks}")
-        if self.a_smem and self.pipeline:
-            raise ValueError("WgmmaConfig: a_smem and pipeline are two ways to keep a wgmma in flight; pick one")
-        if self.num_stages < 2 or self.group_m < 1:
-            raise ValueError(f"WgmmaConfig: num_stages >= 2 and group_m >= 1, got {self.num_stages}, {self.group_m}")
 
 
 def physical_columns(block_k: int = BLOCK_K) -> torch.Tensor:
@@ -311,8 +275,8 @@ def _wgmma_kernel(
     stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_om,
     K: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr,
     HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr, PERMUTE_OUT: gl.constexpr, HIGH_SCALES: gl.constexpr,
-    BLOCK_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, A_SMEM: gl.constexpr,
-    PIPELINE: gl.constexpr, SCHEDULED: gl.constexpr, num_warps: gl.constexpr,
+    BLOCK_T: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, PIPELINE: gl.constexpr,
+    SCHEDULED: gl.constexpr, num_warps: gl.constexpr,
 ):
     BN: gl.constexpr = 128
     BK: gl.constexpr = 64
@@ -363,13 +327,9 @@ def _wgmma_kernel(
         # The A registers of an asynchronous wgmma must not change before the wait that retires it. In a
         # plain loop the upcast tile is one value, hence one PTX register set rewritten every iteration, so
         # with a wgmma left in flight the next upcast overwrote its operand (wrong products on the H200).
-        # Register A (neither flag): each wgmma is retired before the next upcast, so upcast and MMA
-        # overlap across the programs an SM holds (BLOCK_T 128: 128 registers, two 8-warp programs per
-        # SM). PIPELINE: two register sets (below). A_SMEM: the upcast tile is stored to one of two
-        # shared-memory buffers and wgmma i stays in flight while tile i + 1 is upcast into the other.
-        if A_SMEM:
-            a_smem = gl.allocate_shared_memory(gl.bfloat16, [2, BN, BK],
-                                               gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16))
+        # Without PIPELINE each wgmma is retired before the next upcast, so upcast and MMA overlap across
+        # the programs an SM holds (BLOCK_T 128: 128 registers, two 8-warp programs per SM). PIPELINE: two
+        # register sets (below).
         if PIPELINE:
             # Two register sets, the loop unrolled twice: a0 and a1 are distinct values (distinct PTX
             # registers), so one wgmma stays in flight while the other set is upcast. Each set goes
@@ -410,18 +370,9 @@ def _wgmma_kernel(
                 a = _upcast(words, scale, a_layout, BN, HIGH_SCALES)
                 words, scale = _load_words(w_base, s_base, wrow, (i + 1) * BK, K, stride_wn, stride_sn, words_layout)
                 st = i % STAGES
-                if A_SMEM:
-                    a_buf = a_smem.index(i % 2)
-                    a_buf.store(a)
-                    fence_async_shared()
-                    gl.thread_barrier()
-                    mbarrier.wait(bars.index(st), (i // STAGES) & 1)
-                    acc = warpgroup_mma(a_buf, xs.index(st).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                else:
-                    mbarrier.wait(bars.index(st), (i // STAGES) & 1)
-                    acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+                mbarrier.wait(bars.index(st), (i // STAGES) & 1)
+                acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
                 _refill(x_desc, xs, bars, row0, i + STAGES - 1, num_k, STAGES, BK)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         for i in gl.static_range(STAGES):
@@ -438,7 +389,7 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
     """One GEMM over the padded rows of dispatch d: a_perm bf16 [max_rows, Kp] from gather_permute (or the
     permuted h of the gate/up GEMM), w int32 words [E, N, K/8], scale uint8 [E, N, K/32]. Returns bf16
     [max_rows, out_features] (permute_out: [max_rows, out_features rounded up to 64], permuted for the
-    next GEMM). blocks: run these blocks of config.block_t rows (moe_dispatch.split_blocks) instead of
+    next GEMM). blocks: run these blocks of config.block_t rows (_dispatch.split_blocks) instead of
     every block of d (whose block_m must then be config.block_t); out: write into this tensor."""
     if blocks is None and d.block_m != config.block_t:
         raise ValueError(f"wgmma_gemm: dispatch block_m {d.block_m} != config block_t {config.block_t}")
@@ -473,89 +424,17 @@ def wgmma_gemm(a_perm, w, scale, bias, d, *, out_features: int, activation: int 
         out.stride(0),
         K=K, GATED=gated, ACTIVATION=activation, HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None,
         ROUTER_WEIGHT=router_weights is not None, PERMUTE_OUT=permute_out, HIGH_SCALES=high_scales,
-        BLOCK_T=bt, STAGES=config.num_stages, GROUP_M=config.group_m, A_SMEM=config.a_smem,
-        PIPELINE=config.pipeline, SCHEDULED=blocks is not None,
-        num_warps=NUM_WARPS, maxnreg=config.max_registers,
+        BLOCK_T=bt, STAGES=config.num_stages, GROUP_M=config.group_m, PIPELINE=config.pipeline,
+        SCHEDULED=blocks is not None, num_warps=NUM_WARPS,
     )
     return out
 
 
-# -- the layer and its selection ------------------------------------------------------------------
+# -- the layer ------------------------------------------------------------------------------------
 
-WGMMA_ENV = "DAYZERO_MOE_WGMMA"
-
-
-def available(x: torch.Tensor) -> bool:
-    """True where this kernel runs: a compiled (not interpreted) sm_90 CUDA device, unless
-    DAYZERO_MOE_WGMMA=0 keeps moe_mma."""
-    if not x.is_cuda or interpreting() or os.environ.get(WGMMA_ENV, "1") == "0":
-        return False
-    from dayzero.kernels.devices import capability
-
-    return capability(x.device) == (9, 0)
-
-
-# Relative cost of one block per K step, measured on the H200 (2026-12-01, gpt-oss-120b at 8192 tokens,
-# BENCHMARKS.md): a 256-row block of the pipelined kernel (one program per SM, MMA-bound) 1.0; a 64-row
-# tail block 0.8 (bound by the weight upcast, which does not shrink with the rows; fourth run), 32 rows
-# 0.72 and 16 rows 0.54 (fitted to the layer times with one tail of each size, fifth run); a 128-row
-# block of the register kernel (two programs per SM) 0.64.
-_COST_TAIL = {64: 0.8, 32: 0.72, 16: 0.54}
-_COST_128 = 0.64
-# Up to 96 rows per expert, the register kernel's block cost by its rows, relative to 32 (the same run
-# of bench/moe_wgmma.py at 128 tokens, one block per expert at every size: 16 rows 0.94-0.95, 64 rows 1.23
-# on both models; at 512 tokens on gpt-oss-120b these costs predict the measured 1.28 and 1.23).
-_COST_SMALL = {16: 0.94, 32: 1.0, 64: 1.23}
-
-
-def _expected_cost(r: float, cost) -> float:
-    """cost(rows of one expert) averaged over r - sqrt(r), r, r + sqrt(r) (routing spreads the counts)."""
-    sd = math.sqrt(r)
-    return sum(cost(max(1, round(c))) for c in (r - sd, r, r + sd)) / 3
-
-
-def _poisson_blocks(r: float, rows: int) -> float:
-    """The expected blocks of `rows` rows an expert needs when its row count is Poisson with mean r
-    (uniform routing: binomial with mean r and a variance a little below it)."""
-    p, total, c = math.exp(-r), 0.0, 0
-    while c <= r + 12 * math.sqrt(r) + 12:
-        total += p * -(-c // rows)
-        c += 1
-        p *= r / c
-    return total
-
-
-def choose_wgmma_config(num_pairs: int, num_experts: int) -> WgmmaConfig:
-    """The tile from the rows per expert r (pairs / min(experts, pairs); moe_layer runs the decode kernels
-    first where they are faster, see moe_decode.DECODE_MAX_ROWS_WGMMA). Up to 96: the cheapest of 16-,
-    32- and 64-row blocks of the register kernel by _COST_SMALL and the expected blocks per expert
-    (_poisson_blocks: the experts above 16 rows decide between 16 and 32). Above: the cheapest of 256-row pipelined
-    blocks, the same with each expert's last rows as one tail block of 64, 32 or 16 rows where they fit,
-    and 128-row blocks, by the costs above (the padding of each layout is what separates them; more than
-    one tail block never pays, each costs an upcast of the weights)."""
-    active = max(1, min(num_experts, num_pairs))
-    r = num_pairs / active
-    if r <= 96:
-        return min((WgmmaConfig(bt) for bt in _COST_SMALL),
-                   key=lambda c: _COST_SMALL[c.block_t] * _poisson_blocks(r, c.block_t))
-
-    def split(c, rows):  # 256-row blocks, the last rows as one tail block of `rows` where they fit
-        full, rem = divmod(-(-c // rows), 256 // rows)
-        return full + (rem > 1) + _COST_TAIL[rows] * (rem == 1)
-
-    # The tail layouts first, 16 rows first: at equal cost (no expert overflows its 256-row block) the
-    # 16-row dispatch still wins, its big blocks store no padding rows past their expert's last 16 (DeepSeek-V4
-    # at 8192 tokens: 4990 against 5241 µs for 256-row dispatch blocks, BENCHMARKS.md sixth run).
-    options = [(_expected_cost(r, lambda c, t=t: split(c, t)),
-                WgmmaConfig(256, 3, pipeline=True, tail_blocks=1, tail_rows=t)) for t in sorted(_COST_TAIL)]
-    options.append((_expected_cost(r, lambda c: -(-c // 256)), WgmmaConfig(256, 3, pipeline=True)))
-    options.append((_expected_cost(r, lambda c: _COST_128 * -(-c // 128)), WgmmaConfig(128)))
-    return min(options, key=lambda o: o[0])[1]  # the first of equal costs
-
-
-def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
+def launches(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
     """(dispatch, runs) for a layer call: runs is [(config, BlockList or None)], one GEMM launch each. With
-    config.tail_blocks: rows dispatched in config.tail_rows-row blocks and split (moe_dispatch.split_blocks)
+    config.tail_blocks: rows dispatched in config.tail_rows-row blocks and split (_dispatch.split_blocks)
     into the big blocks at config.block_t rows and the tail blocks."""
     if not config.tail_blocks:
         return dispatch(topk_ids, num_experts, config.block_t), [(config, None)]
@@ -566,7 +445,7 @@ def plan(topk_ids: torch.Tensor, num_experts: int, config: WgmmaConfig):
 
 def expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, *, inter: int,
                  high_scales: bool = True) -> torch.Tensor:
-    """Both GEMMs over the padded rows of plan()'s dispatch: y [max_rows, H], each row times its router
+    """Both GEMMs over the padded rows of launches()'s dispatch: y [max_rows, H], each row times its router
     weight (xp: gather_permute's output)."""
     act, alpha = kernel_activation(activation)
     h = y = None
@@ -582,8 +461,8 @@ def expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weight
 def moe_layer_wgmma(x, topk_ids, topk_weights, w13, s13, w2, s2, b13, b2, activation, *, inter: int,
                     config: WgmmaConfig, high_scales: bool = True) -> torch.Tensor:
     """dispatch -> gather + permute x -> gate/up GEMM (bias, activation, h permuted) -> down GEMM (bias,
-    router weight) -> combine; arguments as moe_gemm.moe_layer takes them (MXFP4 words)."""
-    d, runs = plan(topk_ids, w13.shape[0], config)
+    router weight) -> combine; arguments checked by _layer.py (MXFP4 words)."""
+    d, runs = launches(topk_ids, w13.shape[0], config)
     xp = gather_permute(x, d, gather=True)
     y = expert_gemms(xp, d, runs, w13, s13, w2, s2, b13, b2, activation, topk_weights, inter=inter,
                      high_scales=high_scales)

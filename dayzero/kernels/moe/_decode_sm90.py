@@ -1,10 +1,9 @@
-"""The decode GEMMs of path A in Gluon for sm_90, pair order (one program per pair and BLOCK_N outputs):
-the same arithmetic as moe_decode's Triton kernel (offset weight bytes by two byte permutes per four
-codes, dp4a against 16-bit activations split into bytes, one float32 multiply-add per 32-value block),
-with the data movement written out instead of left to the compiler. The one-token default on sm_90
-(moe_decode.choose_decode_config, GLUON_ONE_TOKEN); from 8 tokens the Triton kernel stays.
+"""The decode GEMMs of path A in Gluon for sm_90, pair order (one program per pair and BLOCK_N outputs;
+the "decode_sm90" kernel, at one token): the same arithmetic as _decode.py's Triton kernel (offset weight
+bytes by two byte permutes per four codes, dp4a against 16-bit activations split into bytes, one float32
+multiply-add per 32-value block), with the data movement written out instead of left to the compiler.
 
-Why: in moe_decode's kernel a third of the main loop's instructions are not the decode or the dp4a
+Why: in the Triton kernel a third of the main loop's instructions are not the decode or the dp4a
 (tools/sass_moe_decode.py: 328 per K step for 16 weight words at one token, 208 of them PRMT, IDP,
 LOP3, SHF): its software pipeline stages the activations through shared memory too, the scale bytes
 arrive in one layout and move to the words' layout, and the loop carries its prefetched values. Here:
@@ -15,34 +14,26 @@ arrive in one layout and move to the words' layout, and the loop carries its pre
   for BLOCK_N / (rows the lanes and warps cover) rows; lanes run along the blocks first (consecutive
   16-byte chunks of a row: coalesced), then along rows; warps along rows. The gate/up GEMM holds a gate
   tile and an up tile in the same layout, so gate and up of an output sit in the same thread after the
-  sum over K. STAGES n keeps n - 1 tiles in flight: in registers (SMEM False; no shared memory, no CTA
-  barrier) or copied by cp.async into a ring of n shared-memory slots that the same thread reads back
-  (SMEM True; Triton's barrier analysis still puts two CTA barriers in each step).
+  sum over K. The words are copied by cp.async into a ring of STAGES shared-memory slots that the same
+  thread reads back, STAGES - 1 tiles in flight (registers alone hold too few tiles in flight within 80
+  registers); the scale bytes stay in registers, one or two steps ahead, one byte per block in the words'
+  layout.
 - The activation words of a thread's block column are loaded at the start of each step from global
-  memory (L1/L2: every program of a token reads the same row), in the layout the dp4a needs; the scale
-  bytes one or two steps ahead, one byte per block, in the words' layout.
+  memory (L1/L2: every program of a token reads the same row), in the layout the dp4a needs.
 - The expert id comes from topk_ids (pair order), written two launches back, so the first STAGES - 1
   weight tiles are requested before the PDL wait, while the launch before finishes.
 
-Measured on the H200 (bench/moe_decode.py --gluon-ab, BENCHMARKS.md tenth run): at one token the
-shared-memory ring wins (gate/up 32 x 256 x 8 and down 32 x 512 x 8, 3 slots each: the layer 1.20x /
-1.14x the Triton kernels on gpt-oss-120b / DeepSeek-V4 shapes in an 8-layer graph; with 4 down slots
-1.19x / 1.12x one layer per replay); registers hold too few tiles in flight within 80 registers (2
-programs per SM above that: 0.98-1.04x). From 8 tokens both variants measured 0.87-1.03x, a runtime
-(rolled) K loop 0.93-1.04x (not kept).
+At one token (gate/up 32 x 256 x 8, down 32 x 512 x 8, 3 slots each: choose.GLUON_ONE_TOKEN) the layer
+is 1.20x / 1.14x the Triton kernels on gpt-oss-120b / DeepSeek-V4 shapes; from 8 tokens 0.87-1.04x, so
+the Triton kernel stays there.
 
-The interface and outputs are moe_decode.decode_gemm's for a pair-order dispatch: h quantized into the
-xq/xs layout (moe_decode's docstring) from the gate/up GEMM, float32 rows times the router weight from the
-down GEMM; moe_dispatch.combine sums them. Only compiled for CUDA sm_90 (Gluon has no interpreter):
-moe_decode's Triton kernel stays the path under TRITON_INTERPRET, on other devices, for sorted
-dispatches (BLOCK_M 2 and 4) and split K; tests/kernels/test_moe_decode.py checks these GEMMs on the
-GPU against the Triton kernels, the reference op and the exact layer, and their sm_90 SASS on the CPU
-(tools/sass_moe_decode_sm90.py).
+The interface and outputs are _decode.decode_gemm's for a pair-order dispatch: h quantized into the
+xq/xs layout (_decode.py's docstring) from the gate/up GEMM, float32 rows times the router weight from the
+down GEMM; _dispatch.combine sums them. Only compiled for CUDA sm_90 (Gluon has no interpreter): the
+Triton kernel runs under TRITON_INTERPRET, on other devices and for sorted dispatches (BLOCK_M 2 and 4).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -51,37 +42,17 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
 from dayzero.kernels import pdl
+from dayzero.kernels.moe._common import _activate
 # elementwise helpers shared with the Triton kernels (Gluon calls triton.jit functions that need no layout)
-from dayzero.kernels.moe_decode import _E2M1_BYTES_ASM, _dp4a, _e8m0_factor, _tile_start
-from dayzero.kernels.moe_gemm import _activate, interpreting
-
-GLUON_ENV = "DAYZERO_MOE_DECODE_GLUON"  # "0": moe_decode's Triton kernel on sm_90 too
-
-
-def available(device: torch.device) -> bool:
-    """Where these kernels run: compiled (not interpreted) on a CUDA sm_90 device, unless
-    DAYZERO_MOE_DECODE_GLUON=0."""
-    if device.type != "cuda" or interpreting() or os.environ.get(GLUON_ENV, "1").strip() == "0":
-        return False
-    from dayzero.kernels.devices import capability
-
-    return capability(device) == (9, 0)
+from dayzero.kernels.moe._decode import _E2M1_BYTES_ASM, _dp4a, _e8m0_factor, _tile_start
+from dayzero.kernels.moe.choose import gluon_tile_fits
 
 
 @gluon.constexpr_function
-def _tile_layout(block_n, kb, num_warps):
+def _tile_layout(block_n, kb, num_warps):  # choose.gluon_tile_fits says where it covers a tile
     lk = min(32, kb)
     lr = 32 // lk
     return gl.BlockedLayout([block_n // (lr * num_warps), 1, 4], [lr, lk, 1], [num_warps, 1, 1], [2, 1, 0])
-
-
-def tile_fits(block_n: int, block_k: int, num_warps: int) -> bool:
-    """Whether _tile_layout covers a [block_n, block_k / 32, 4] tile without replicating rows."""
-    kb = block_k // 32
-    if block_k % 32 or kb & (kb - 1) or kb > 32:
-        return False
-    lr = 32 // kb
-    return block_n % (lr * num_warps) == 0
 
 
 @gluon.jit
@@ -104,7 +75,7 @@ def _tile_dot(words, scale, tables, x, L2: gl.constexpr, NORMAL: gl.constexpr):
     """float32 [BN, KB]: each 32-value block's dot product of a weight tile (int32 words [BN, KB, 4], E8M0
     bytes [BN, KB]) with the activation row x (_load_x: the four byte planes, each split into its four
     words per block, the block factors and the offset corrections as int32, [1, KB] each, in the tile's
-    layout): moe_decode._block_dot's dp4a chains."""
+    layout): _decode._block_dot's dp4a chains."""
     xh0, xh1, xl0, xl1, xs, xc = x
     t0, t1, t2, t3 = tables
     lo, hi = gl.inline_asm_elementwise(_E2M1_BYTES_ASM, "=r,=r,r,r,r,r,r", [words, t0, t1, t2, t3],
@@ -124,27 +95,15 @@ def _tile_dot(words, scale, tables, x, L2: gl.constexpr, NORMAL: gl.constexpr):
 
 
 @gluon.jit
-def _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i, K: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr,
-                SMEM: gl.constexpr):
-    """Words [BN, KB, 4] and E8M0 bytes [BN, KB] of K tile i: gate (or the only) rows, then up rows (the
-    same tensors again when not GATED). SMEM: the scales only (the words come through shared memory; the
-    word values returned are placeholders)."""
-    start = _tile_start(i * BK, K, BK)
-    blk = gl.expand_dims(start // 32 + kb_off, 0)
+def _tile_scales(gs_rows, us_rows, kb_off, i, K: gl.constexpr, BK: gl.constexpr, GATED: gl.constexpr):
+    """E8M0 bytes [BN, KB] of K tile i: gate (or the only) rows, then up rows (the gate bytes again when not
+    GATED). The words come through shared memory (_copy_tiles)."""
+    blk = gl.expand_dims(_tile_start(i * BK, K, BK) // 32 + kb_off, 0)
     gs = gl.load(gs_rows + blk)
     us = gs
     if GATED:
         us = gl.load(us_rows + blk)
-    if SMEM:
-        gw = gl.full_like(g_ptrs, 0, dtype=gl.int32)
-        uw = gw
-    else:
-        word = gl.multiple_of(start // 8, 4)
-        gw = gl.load(g_ptrs + word)
-        uw = gw
-        if GATED:
-            uw = gl.load(u_ptrs + word)
-    return gw, gs, uw, us
+    return gs, us
 
 
 @gluon.jit
@@ -170,7 +129,7 @@ def _planes(p, L2: gl.constexpr):
 
 @gluon.jit
 def _load_x(xq_row, xs_row, k0, K: gl.constexpr, BK: gl.constexpr, x_layout: gl.constexpr, L2: gl.constexpr):
-    """Activation row (xq/xs layout of moe_decode) for the K tile of step k0: the four byte planes [KB, 4],
+    """Activation row (xq/xs layout of _decode.py) for the K tile of step k0: the four byte planes [KB, 4],
     the block factors [KB] (0 for blocks before k0, which the last partial tile reads twice) and the
     offset corrections [KB] (int32)."""
     KB: gl.constexpr = BK // 32
@@ -190,14 +149,8 @@ def _load_x(xq_row, xs_row, k0, K: gl.constexpr, BK: gl.constexpr, x_layout: gl.
 
 
 @gluon.jit
-def _load_scales(s_rows, k0, K: gl.constexpr, BK: gl.constexpr, kb_off):
-    """E8M0 bytes [BN, KB] of the K tile of step k0 (s_rows: [BN, 1] row pointers)."""
-    return gl.load(s_rows + gl.expand_dims(_tile_start(k0, K, BK) // 32 + kb_off, 0))
-
-
-@gluon.jit
 def _quantize_store(v, q_row, s_row, n0, N: gl.constexpr, BN: gl.constexpr, num_warps: gl.constexpr):
-    """moe_decode._quantize_store in Gluon: float32 v [BN] (columns n0.. of one row, BN % 32 == 0) per 32
+    """_decode._quantize_store in Gluon: float32 v [BN] (columns n0.. of one row, BN % 32 == 0) per 32
     values into the xq/xs layout; q_row/s_row point at the row."""
     NB: gl.constexpr = BN // 32
     lay: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 8, 4], [1, 1, num_warps], [2, 1, 0])
@@ -235,7 +188,7 @@ def _decode_kernel(
     K: gl.constexpr, NW: gl.constexpr, OUT_N: gl.constexpr, TOP_K: gl.constexpr, GATHER: gl.constexpr,
     ACTIVATION: gl.constexpr, HAS_LIMIT: gl.constexpr, HAS_BIAS: gl.constexpr, ROUTER_WEIGHT: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr, NORMAL: gl.constexpr,
-    PDL: gl.constexpr, SMEM: gl.constexpr, num_warps: gl.constexpr,
+    PDL: gl.constexpr, num_warps: gl.constexpr,
 ):
     """Outputs n0..n0+BLOCK_N of pair program_id(0), expert ids_ptr[pair] (outside [0, E): nothing).
     Weights: NW rows of K per expert; with ACTIVATION the gate rows are n and the up rows OUT_N + n.
@@ -270,21 +223,20 @@ def _decode_kernel(
             us_rows = gs_rows
         # Tiles 0 .. STAGES - 2 are requested before the wait (weights and ids only); then tile
         # i + STAGES - 1 at step i, so STAGES - 1 tiles are in flight while one is decoded.
+        # The words by cp.async into a ring of STAGES slots; the scales in registers, P steps ahead.
         D: gl.constexpr = STAGES - 1  # tiles of words in flight
-        # register-held tiles (words and scales, or the scales alone with SMEM) run P = 1 or 2 steps ahead
         P: gl.constexpr = 2 if D > 1 else 1
-        if SMEM:  # words by cp.async into a ring of STAGES slots; scales in registers, P steps ahead
-            lay_s: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])  # [BN, KB, 4]
-            g_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
-            u_smem = g_smem
-            if GATED:
-                u_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
-            for i in gl.static_range(D):
-                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K, BLOCK_K, STAGES, GATED)
-        ga, gsa, ua, usa = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 0, K, BLOCK_K, GATED, SMEM)
-        gb, gsb, ub, usb = ga, gsa, ua, usa
+        lay_s: gl.constexpr = gl.SwizzledSharedLayout(4, 1, 1, [2, 1, 0])  # [BN, KB, 4]
+        g_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+        u_smem = g_smem
+        if GATED:
+            u_smem = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, KB, 4], lay_s)
+        for i in gl.static_range(D):
+            _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i, K, BLOCK_K, STAGES, GATED)
+        gsa, usa = _tile_scales(gs_rows, us_rows, kb_off, 0, K, BLOCK_K, GATED)
+        gsb, usb = gsa, usa
         if P > 1 and STEPS > 1:
-            gb, gsb, ub, usb = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, 1, K, BLOCK_K, GATED, SMEM)
+            gsb, usb = _tile_scales(gs_rows, us_rows, kb_off, 1, K, BLOCK_K, GATED)
         acc = gl.zeros([BLOCK_N, KB], gl.float32, L2)
         up_acc = acc
         if HAS_BIAS:
@@ -307,25 +259,23 @@ def _decode_kernel(
         zero = E >> 31
         tables = (zero + 0x1B1A1918, zero + 0x24201E1C, zero + 0x15161718, zero + 0x0C101214)
         for i in gl.static_range(STEPS):
-            gn, gsn, un, usn = ga, gsa, ua, usa
+            gsn, usn = gsa, usa
             if i + P < STEPS:
-                gn, gsn, un, usn = _load_tiles(g_ptrs, gs_rows, u_ptrs, us_rows, kb_off, i + P, K, BLOCK_K, GATED,
-                                               SMEM)
+                gsn, usn = _tile_scales(gs_rows, us_rows, kb_off, i + P, K, BLOCK_K, GATED)
             x = _load_x(xq_row, xs_row, i * BLOCK_K, K, BLOCK_K, XL, L2)
-            if SMEM:
-                _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED)
-                async_copy.wait_group(D)
-                ga = g_smem.index(i % STAGES).load(L3)
-                if GATED:
-                    ua = u_smem.index(i % STAGES).load(L3)
+            _copy_tiles(g_smem, u_smem, g_ptrs, u_ptrs, i + D, K, BLOCK_K, STAGES, GATED)
+            async_copy.wait_group(D)
+            ga = g_smem.index(i % STAGES).load(L3)
+            if GATED:
+                ua = u_smem.index(i % STAGES).load(L3)
             acc += _tile_dot(ga, gsa, tables, x, L2, NORMAL)
             if GATED:
                 up_acc += _tile_dot(ua, usa, tables, x, L2, NORMAL)
             if P > 1:
-                ga, gsa, ua, usa = gb, gsb, ub, usb
-                gb, gsb, ub, usb = gn, gsn, un, usn
+                gsa, usa = gsb, usb
+                gsb, usb = gsn, usn
             else:
-                ga, gsa, ua, usa = gn, gsn, un, usn
+                gsa, usa = gsn, usn
         v = gl.sum(acc, axis=1)  # [BN], NL
         if GATED:
             up = gl.sum(up_acc, axis=1)
@@ -342,25 +292,24 @@ def _decode_kernel(
 
 def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_features: int, gather: bool,
                      activation: int = 0, alpha: float = 1.0, limit: float | None = None, router_weights=None,
-                     block_n: int, block_k: int, num_warps: int, stages: int = 3,
-                     normal_scales: bool = False, smem: bool = False):
-    """moe_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
+                     block_n: int, block_k: int, num_warps: int, stages: int = 3, normal_scales: bool = False):
+    """_decode.decode_gemm for a pair-order dispatch (row = pair): w int32 words [E, NW, K/8], scale
     uint8 [E, NW, K/32], pair_ids the flat topk ids [S]. With an activation returns (hq, hs) [S, ...],
     else float32 [S, out_features] times the router weights. Rows of invalid pairs are left unwritten."""
     E, NW, words = w.shape
     K = words * 8
     S = pair_ids.shape[0]
     block_k = min(block_k, 1 << (K.bit_length() - 1))
-    if out_features % block_n or (activation and block_n % 32) or not tile_fits(block_n, block_k, num_warps):
+    if out_features % block_n or (activation and block_n % 32) or not gluon_tile_fits(block_n, block_k, num_warps):
         raise ValueError(f"decode_gemm_sm90: tile {block_n} x {block_k} over {num_warps} warps does not fit "
                          f"{out_features} outputs")
-    if stages < 2 or (not smem and stages > 3):
-        raise ValueError(f"decode_gemm_sm90: stages must be 2 or 3 (or more with smem), got {stages}")
+    if stages < 2:
+        raise ValueError(f"decode_gemm_sm90: stages (ring slots) must be at least 2, got {stages}")
     dev = xq.device
     if activation:
         out = torch.empty(S, 4, out_features // 8, dtype=torch.int32, device=dev)
         out_s = torch.empty(S, 2, out_features // 32, dtype=torch.float32, device=dev)
-    else:  # float32, as moe_decode.decode_gemm's: combine rounds each token's sum once
+    else:  # float32, as _decode.decode_gemm's: combine rounds each token's sum once
         out = torch.empty(S, out_features, dtype=torch.float32, device=dev)
         out_s = None
     if S == 0:
@@ -373,7 +322,7 @@ def decode_gemm_sm90(xq, xs, w, scale, bias, pair_ids, *, top_k: int, out_featur
         S, E, bias.stride(0) if bias is not None else 0, float(alpha), float(limit) if limit is not None else 0.0,
         K=K, NW=NW, OUT_N=out_features, TOP_K=top_k, GATHER=gather, ACTIVATION=activation,
         HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, ROUTER_WEIGHT=router_weights is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"], SMEM=smem,
+        BLOCK_N=block_n, BLOCK_K=block_k, STAGES=stages, NORMAL=normal_scales, PDL=opts["PDL"],
         num_warps=num_warps, **({"launch_pdl": True} if opts["PDL"] else {}),
     )
     return (out, out_s) if activation else out

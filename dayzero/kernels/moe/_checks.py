@@ -1,4 +1,4 @@
-"""Argument checks of the Triton expert ops, in plain PyTorch (importable without Triton): each
+"""Argument checks of the routed-expert kernels, in plain PyTorch (importable without Triton): each
 raises ValueError naming the argument a kernel cannot take, instead of letting it read out of bounds.
 The registry's `supports` predicates run the same checks and decline instead of raising."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from dayzero.kernels.checks import check_tensor, cuda_supports
 from dayzero.ops.moe import Activation, ExpertWeights
 
 
@@ -31,20 +32,6 @@ def check_routing_args(op: str, x, topk_ids, topk_weights, experts, activation) 
         raise ValueError(f"{op}: unknown activation {activation.kind!r}; supported: swiglu, swiglu_clamped")
 
 
-def check_tensor(op: str, name: str, t, shape: tuple, dtypes: tuple, device: torch.device) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{op}: {name} must be a tensor {shape}, got {type(t).__name__}")
-    if tuple(t.shape) != tuple(shape) or t.dtype not in dtypes:
-        want = "/".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise ValueError(f"{op}: {name} must be {want} {tuple(shape)}, got {t.dtype} {tuple(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{op}: {name} is on {t.device}, x on {device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{op}: {name} {tuple(t.shape)} must be contiguous (call .contiguous() at load)")
-    if t.data_ptr() % 16:
-        raise ValueError(f"{op}: {name} must start on a 16-byte boundary (data_ptr {t.data_ptr():#x})")
-
-
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -56,7 +43,7 @@ def check_biases(op: str, experts, num_experts: int, inter: int, hidden: int, de
 
 
 def check_mxfp4_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation: Activation) -> None:
-    """moe_experts_mxfp4 (path A): canonical MXFP4 w13 [E, 2I, H/32, 16] / w2 [E, H, I/32, 16], uint8
+    """moe_experts_mxfp4: canonical MXFP4 w13 [E, 2I, H/32, 16] / w2 [E, H, I/32, 16], uint8
     (or float8_e8m0fnu) scales [E, N, K/32], hidden and intermediate multiples of 32."""
     op = "moe_experts_mxfp4[triton]"
     check_routing_args(op, x, topk_ids, topk_weights, experts, activation)
@@ -114,21 +101,6 @@ def check_fp8_call(x, topk_ids, topk_weights, experts: ExpertWeights, activation
     check_tensor(op, "experts.w2_scale", experts.w2_scale, (E, cdiv(H, 128), cdiv(inter, 128)), (torch.float32,),
                  x.device)
     check_biases(op, experts, E, inter, H, x.device)
-
-
-def cuda_supports(check, errors: tuple[type[Exception], ...] = (ValueError,)):
-    """A registry `supports` predicate: the call's first tensor is on CUDA and `check` accepts it."""
-    def supports(first, *args, **kwargs) -> bool:
-        if not isinstance(first, torch.Tensor) or not first.is_cuda:
-            return False
-        try:
-            check(first, *args, **kwargs)
-        except errors:
-            return False
-        return True
-
-    supports.__doc__ = f"True when {check.__name__} accepts the call and its first tensor is on CUDA."
-    return supports
 
 
 supports_mxfp4 = cuda_supports(check_mxfp4_call)

@@ -1,37 +1,29 @@
-"""Grouped GEMM for many rows per expert (prefill): tokens x weights on the tensor cores, in the usual
-orientation acc[BLOCK_M rows, BLOCK_N outputs] = A[BLOCK_M, K] @ W[BLOCK_N, K]^T, over the padded rows
-of a dispatch (moe_dispatch), with the same fused epilogue as moe_gemm (biases, SwiGLU variants,
-router weights) and the same inputs and outputs, so `moe_gemm.moe_layer` can run either.
+"""Grouped GEMM for many rows per expert (prefill), the "mma" kernel of paths A and C: tokens x weights on
+the tensor cores, in the usual orientation acc[BLOCK_M rows, BLOCK_N outputs] = A[BLOCK_M, K] @
+W[BLOCK_N, K]^T, over the padded rows of a dispatch (_dispatch.py), with the transposed GEMM's fused
+epilogue (biases, SwiGLU variants, router weights) and the same inputs and outputs (`mma_gemm` keeps
+_gemm.grouped_gemm's contract).
 
-Why a second kernel: moe_gemm computes the transposed product so that a decode step's few rows are
-the narrow side of the MMA; with hundreds of rows per expert that orientation keeps the weights in
-the MMA's register operand and its tiles small (BLOCK_N 64 weight rows per program, BLOCK_K 64),
-and the H200 measured it at 19% of the bf16 matmul rate at 8192 tokens (BENCHMARKS.md, 2026-11-30).
-Here a program owns 64-256 rows x 64-256 outputs, the activation tiles stream through shared memory
-by the compiler's software pipeline (num_stages), and the weight tile is the MMA's shared-memory
-operand. Measured on the H200 (2026-12-01, BENCHMARKS.md): bf16 weights 470 TFLOP/s at 8192 tokens on
-gpt-oss-120b shapes (62% of the bf16 matmul rate; moe_gemm 350), MXFP4 250 TFLOP/s (33%; moe_gemm 146).
+Why a second kernel: _gemm.py computes the transposed product so that a decode step's few rows are the
+narrow side of the MMA; with hundreds of rows per expert that orientation keeps the weights in the MMA's
+register operand and its tiles small (BLOCK_N 64 weight rows per program, BLOCK_K 64). Here a program
+owns 64-256 rows x 64-256 outputs, the activation tiles stream through shared memory by the compiler's
+software pipeline (num_stages), and the weight tile is the MMA's shared-memory operand: 1.5-1.9x the
+transposed GEMM from 512 to 8192 tokens.
 
-Where the MXFP4 variant's time goes (SASS of the gated 128 x 64 x 64 / 4-warp tile, compiled for
-sm_90 from this machine): about 500 instructions per thread per K step for 64 upcast values, 230 of
-them integer ops at half rate; the bf16 tile is written to shared memory for the MMA, each scale
-tile changes register layout through shared memory (barriers), and every wgmma is waited for before
-the next tile's upcast (Triton pipelines only operands loaded straight from memory), so the upcast
-and the MMA overlap only across the two programs an SM holds. Next: a producer warpgroup upcasting
-into a shared-memory ring for consumer warpgroups (warp specialisation).
-
-On sm_90 the MXFP4 layers run moe_wgmma (Gluon) instead, 1.5x faster (BENCHMARKS.md, third 2026-12-01
-run); this kernel stays for bf16 weights, other devices, the interpreter and DAYZERO_MOE_WGMMA=0.
+Where the MXFP4 variant's time goes: about 500 instructions per thread per K step for 64 upcast values,
+230 of them integer ops at half rate; the bf16 tile is written to shared memory for the MMA, each scale
+tile changes register layout through shared memory (barriers), and every wgmma is waited for before the
+next tile's upcast (Triton pipelines only operands loaded straight from memory), so the upcast and the
+MMA overlap only across the two programs an SM holds. On sm_90 the Gluon kernel (_wgmma.py) removes
+that; this kernel stays for bf16 weights, other devices and the interpreter.
 
 Weight formats (`WFMT`):
     WFMT_BF16   bf16 [E, N, K] (path C).
     WFMT_MXFP4  canonical MXFP4 read as int32 words [E, N, K/8] + E8M0 bytes [E, N, K/32], upcast in
-                registers by moe_gemm's bit manipulation (exact), prefetched one tile ahead by hand.
+                registers by _common.py's bit manipulation (exact), prefetched one tile ahead by hand.
                 Compiled with the word stride's alignment unspecialised: with it, Triton 3.6 fails
                 ("Illegal shared layout" in TritonGPUOptimizeDotOperands) at both models' shapes.
-    WFMT_SCALED the same bytes read as uint8 [E, N, K/2] and handed to `tl.dot_scaled` (bf16 x e2m1
-                with E8M0 scales), whose upcast Triton lowers itself. Compiled only: Triton's
-                interpreter has no dot_scaled, so under it `mma_gemm` runs WFMT_MXFP4 instead.
 
 Program order: one flat grid over (block, N tile), grouped GROUP_M blocks at a time (all N tiles of
 GROUP_M consecutive blocks run together), so a block's gathered activation rows and an expert's
@@ -40,27 +32,14 @@ weight tiles are reused from L2 instead of re-read from HBM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from dayzero.kernels.moe_gemm import _act_tile, _activate, _block_rows, _mxfp4_decode, _mxfp4_load, interpreting
+from dayzero.kernels.moe._common import _act_tile, _activate, _block_rows, _mxfp4_decode, _mxfp4_load, interpreting
+from dayzero.kernels.moe.configs import MmaConfig
 
-WFMT_BF16, WFMT_MXFP4, WFMT_SCALED = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class MmaConfig:
-    """Tiles of the prefill GEMM. block_n is per accumulator (the gated GEMM holds two: gate and up)."""
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 8
-    scaled: bool = False  # MXFP4 through tl.dot_scaled instead of the hand upcast
+WFMT_BF16, WFMT_MXFP4 = 0, 1
 
 
 @triton.jit
@@ -77,23 +56,6 @@ def _bf16_tile(w_base, offs_n, k0, K: tl.constexpr, stride_wn, BLOCK_K: tl.const
     if INTERPRET:  # the interpreter holds bf16 as raw bits: its dot cannot take them
         w = w.to(tl.float32)
     return w
-
-
-@triton.jit
-def _scaled_tile(w_base, s_base, offs_n, k0, K: tl.constexpr, stride_wn, stride_sn, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr):
-    """Packed E2M1 bytes [BLOCK_N, BLOCK_K/2] and E8M0 bytes [BLOCK_N, BLOCK_K/32] for tl.dot_scaled."""
-    offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-    offs_s = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    if EVEN_K:
-        codes = tl.load(w_base + offs_n[:, None] * stride_wn + offs_b[None, :])
-        scale = tl.load(s_base + offs_n[:, None] * stride_sn + offs_s[None, :])
-    else:
-        codes = tl.load(w_base + offs_n[:, None] * stride_wn + offs_b[None, :], mask=(offs_b < K // 2)[None, :],
-                        other=0)
-        scale = tl.load(s_base + offs_n[:, None] * stride_sn + offs_s[None, :], mask=(offs_s < K // 32)[None, :],
-                        other=127)
-    return codes, scale
 
 
 def _moe_mma_body(
@@ -147,12 +109,6 @@ def _moe_mma_body(
                                      BLOCK_K)
                 acc_up = tl.dot(a, tl.trans(_mxfp4_decode(uw, us, BLOCK_N, BLOCK_K, INTERPRET)), acc_up)
                 uw, us = nw, ns
-        elif WFMT == 2:
-            codes, scale = _scaled_tile(w_base, s_base, ld_n, k0, K, stride_wn, stride_sn, BLOCK_K, EVEN_K)
-            acc = tl.dot_scaled(a, None, "bf16", tl.trans(codes), scale, "e2m1", acc)
-            if GATED:
-                codes, scale = _scaled_tile(w_base, s_base, ld_up, k0, K, stride_wn, stride_sn, BLOCK_K, EVEN_K)
-                acc_up = tl.dot_scaled(a, None, "bf16", tl.trans(codes), scale, "e2m1", acc_up)
         else:
             w = _bf16_tile(w_base, ld_n, k0, K, stride_wn, BLOCK_K, EVEN_K, INTERPRET)
             acc = tl.dot(a, tl.trans(w), acc)
@@ -183,7 +139,7 @@ _mma_kernel_words = triton.jit(_moe_mma_body, do_not_specialize_on_alignment=["s
 
 def mma_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activation: int = 0, alpha: float = 1.0,
              limit: float | None = None, router_weights=None, config: MmaConfig) -> torch.Tensor:
-    """moe_gemm.grouped_gemm's contract on this kernel: a x [T, K] (gather) or h [max_rows, K]; w int32
+    """_gemm.grouped_gemm's contract on this kernel: a x [T, K] (gather) or h [max_rows, K]; w int32
     words [E, N, K/8] with scale uint8 [E, N, K/32] (MXFP4) or bf16 [E, N, K] with scale None. Returns
     bf16 [max_rows, out_features]. d.block_m must equal config.block_m; shapes checked by the callers."""
     if d.block_m != config.block_m:
@@ -194,11 +150,7 @@ def mma_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activatio
     out = torch.empty(d.max_rows, out_features, dtype=torch.bfloat16, device=a.device)
     if d.max_rows == 0:
         return out
-    wfmt = WFMT_BF16
-    if mxfp4:
-        wfmt = WFMT_SCALED if config.scaled and not interpreting() else WFMT_MXFP4
-        if wfmt == WFMT_SCALED:
-            w = w.view(torch.uint8).view(E, w.shape[1], K // 2)
+    wfmt = WFMT_MXFP4 if mxfp4 else WFMT_BF16
     S = d.pair_row.shape[0]
     dummy = d.pair_row  # stands in for absent optional pointers (never read)
     num_blocks = d.max_blocks
@@ -217,29 +169,3 @@ def mma_gemm(a, w, scale, bias, d, *, out_features: int, gather: bool, activatio
         INTERPRET=interpreting(), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
-
-
-def choose_mma_configs(num_pairs: int, num_experts: int, mxfp4: bool, inter: int,
-                       hidden: int) -> tuple[MmaConfig, MmaConfig] | None:
-    """(gate/up, down) tiles for this kernel from the static sizes alone (no host synchronisation), or
-    None where moe_gemm's transposed kernel is kept (few rows per active expert). From the H200 sweep
-    of bench/moe_prefill.py (2026-12-01, docs/kernels.md), r = expected rows per active expert:
-    MXFP4: the weight upcast bounds the kernel, so BLOCK_M follows the rows (less upcast per row, little
-    padding): 64 up to r = 96 (BLOCK_N 128 where N is a multiple of 128, else 64), 128 up to 160,
-    256 up to 224 (DeepSeek-V4 at 8192 tokens, r = 192), 128 beyond (gpt-oss at 8192, r = 256: 256
-    would pad half the experts to 512 rows). Measured faster than moe_gemm from r = 12 (512 tokens);
-    below r = 8 moe_gemm stays. bf16 (path C): 128 x 128 tiles, 8 warps, 4 stages; the down GEMM
-    128 x 256 from r = 160; moe_gemm up to r = 48."""
-    active = max(1, min(num_experts, num_pairs))
-    r = num_pairs / active
-    if r <= (8 if mxfp4 else 48):
-        return None
-    if not mxfp4:
-        down = MmaConfig(128, 256, 64, 8, 3) if r > 160 else MmaConfig(128, 128, 64, 8, 4)
-        return MmaConfig(128, 128, 64, 8, 4), down
-    if r <= 96:
-        return (MmaConfig(64, 128 if inter % 128 == 0 else 64, 64, 4, 4),
-                MmaConfig(64, 128 if hidden % 128 == 0 else 64, 64, 4, 4))
-    if 160 < r <= 224:
-        return MmaConfig(256, 64, 64, 8, 3), MmaConfig(256, 128, 64, 8, 3)
-    return MmaConfig(128, 64, 64, 4, 4), MmaConfig(128, 128, 64, 8, 4)

@@ -1,20 +1,23 @@
 """The cross-layer FP8 expert workspace of path B: one pre-allocated pool of expert slots shared by
-every MoE layer, holding experts converted from MXFP4 (dayzero.kernels.moe_fp8) until evicted.
+every MoE layer, holding experts converted from MXFP4 (_fp8.py) until evicted. The engine makes one per
+device, sized by choose.workspace_bytes (0: none), and hands it to the model's MoE layers, which pass it
+with their weights (ExpertWeights.workspace); nothing here is process-wide.
 
 Pool (allocated at the first call, for one expert shape [2I, H] at a time):
     w13 float8_e4m3fn [slots, 2I, H], w13_scale float32 [slots, 2I, ceil(H/128)]
     w2  float8_e4m3fn [slots, H, I],  w2_scale  float32 [slots, H, ceil(I/128)]
     slots = capacity bytes // bytes per expert (2I*H + H*I + 4 * scale count); a layer whose experts
     have another shape empties the pool and lays it out anew (models do not mix expert shapes).
-Map: (layer key, expert id) -> slot, least recently used first. The layer key is a counter handed to
-each ExpertWeights object at its first call; a weak reference drops the key and frees its slots when
-the object is collected, so a new object at a recycled id() never sees another layer's slots.
-A layer's weights must not change while their experts are in the pool (call clear() after reloading).
+Map: (layer key, expert id) -> slot, least recently used first. A layer is its w13 tensor (the model's
+parameter: an ExpertWeights built anew per call is the same layer), keyed by a counter handed out at its
+first call; a weak reference drops the key and frees its slots when the tensor is collected, so a new
+tensor at a recycled id() never sees another layer's slots. A layer's weights must not change while
+their experts are in the pool (call clear() after reloading).
 
 One call (`prepare`), on the host:
     1. the current stream waits for the side stream's prefetch (its writes may target any slot);
     2. the call's active experts: torch.unique(topk_ids) -> host (the one synchronisation of path B);
-       more active experts than slots raises ValueError naming DAYZERO_FP8_WORKSPACE_GIB;
+       more active experts than slots raises ValueError naming the size setting;
     3. hits move to the most-recent end; misses take free slots, else evict the least recently used
        entries that this call does not use, and are converted on the current stream (one launch per
        projection);
@@ -24,25 +27,21 @@ One call (`prepare`), on the host:
        after an event recorded on the current stream here, so it overlaps this call's GEMMs and
        follows every earlier reader of those slots. Off CUDA (the interpreter tests) it runs inline.
 Returns slot_of_expert, int32 [E] on the device (slot of each active expert; 0 elsewhere, never read).
-
-Size: DAYZERO_FP8_WORKSPACE_GIB (GiB), else DEFAULT_WORKSPACE_GIB capped at half the device memory
-free when the default workspace is made; `configure_default_workspace(gib=...)` sets it from a memory
-plan, and `planned_workspace_bytes()` is what a plan should reserve for it.
 """
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
-WORKSPACE_GIB_ENV = "DAYZERO_FP8_WORKSPACE_GIB"
-PREFETCH_ENV = "DAYZERO_FP8_PREFETCH"
-DEFAULT_WORKSPACE_GIB = 8.0  # one layer of gpt-oss-120b (128 x 25.7 MB) or DeepSeek-V4 (256 x 26 MB) and more
-GROUP = 128
+from dayzero.formats.mxfp4 import as_e8m0_bytes
+from dayzero.kernels.moe.choose import FP8_GROUP as GROUP
+from dayzero.kernels.moe.choose import expert_slot_bytes
+
+SIZE_SETTING = "DAYZERO_FP8_WORKSPACE_GIB (or LLM(fp8_workspace_gib=))"
 
 
 @dataclass
@@ -76,14 +75,30 @@ class _Entry:
     prefetched: bool = False  # converted ahead and not used yet
 
 
-def expert_slot_bytes(inter: int, hidden: int) -> int:
-    """Bytes of one converted expert: FP8 values of w13 and w2 and their float32 scales."""
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    return 3 * inter * hidden + 4 * (2 * inter * cdiv(hidden, GROUP) + hidden * cdiv(inter, GROUP))
+class _Layer:
+    """What the workspace keeps of a layer between calls: weak references to its MXFP4 tensors (the
+    prefetch converts from them), so that holding it keeps no weights alive."""
+
+    def __init__(self, experts, on_collect):
+        self._refs = tuple(weakref.ref(t, on_collect) for t in (experts.w13, experts.w13_scale, experts.w2,
+                                                                 experts.w2_scale))
+
+    def tensors(self):
+        """(w13, w13_scale, w2, w2_scale), or None once any of them was collected."""
+        tensors = tuple(r() for r in self._refs)
+        return None if any(t is None for t in tensors) else tensors
+
+
+class _Tensors:
+    """The four MXFP4 tensors of a layer, as _convert reads them."""
+
+    def __init__(self, w13, w13_scale, w2, w2_scale):
+        self.w13, self.w13_scale, self.w2, self.w2_scale = w13, w13_scale, w2, w2_scale
 
 
 class Fp8Workspace:
-    """See the module docstring. capacity_bytes bounds the pool; device: where it lives."""
+    """See the module docstring. capacity_bytes bounds the pool; device: where it lives; prefetch: convert
+    the next layer's experts ahead, on a side stream (CUDA)."""
 
     def __init__(self, capacity_bytes: int, device: torch.device | str, prefetch: bool = True):
         self.capacity_bytes = int(capacity_bytes)
@@ -93,10 +108,11 @@ class Fp8Workspace:
         self.w13 = self.w13_scale = self.w2 = self.w2_scale = None
         self._out_of_window = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._entries: OrderedDict[tuple[int, int], _Entry] = OrderedDict()
+        self._resident: dict[int, int] = {}  # layer key -> experts of it in the pool
         self._free: list[int] = []
         self._keys = 0
-        self._layers: dict[int, tuple[weakref.ref, int]] = {}  # id(experts) -> (ref, key)
-        self._refs: dict[int, weakref.ref] = {}  # key -> ref
+        self._ids: dict[int, int] = {}  # id(w13) -> layer key
+        self._layers: dict[int, _Layer] = {}  # layer key -> its tensors' references
         self._dead: list[int] = []
         self._next: dict[int, int] = {}  # layer key -> key of the layer called after it
         self._last_used: dict[int, list[int]] = {}
@@ -136,38 +152,58 @@ class Fp8Workspace:
         self._stats.evictions += len(self._entries)
         self._free = sorted([e.slot for e in self._entries.values()] + self._free)
         self._entries.clear()
+        self._resident.clear()
+
+    def _known_key(self, experts) -> int | None:
+        key = self._ids.get(id(experts.w13))
+        if key is None:
+            return None
+        tensors = self._layers[key].tensors()
+        return key if tensors is not None and tensors[0] is experts.w13 else None
 
     def resident(self, experts) -> list[int]:
         """Expert ids of this layer held in the pool, least recently used first."""
-        found = self._layers.get(id(experts))
-        if found is None or found[0]() is not experts:
-            return []
-        return [e for (k, e) in self._entries if k == found[1]]
+        key = self._known_key(experts)
+        return [] if key is None else [e for (k, e) in self._entries if k == key]
+
+    def holds_layer(self, experts) -> bool:
+        """Whether every expert of the layer is in the pool (a call then converts nothing); O(1)."""
+        key = self._known_key(experts)
+        return key is not None and self._resident.get(key, 0) == experts.num_experts
+
+    # -- entries ----------------------------------------------------------------------------------
+    def _add(self, key: int, expert: int, entry: _Entry) -> None:
+        self._entries[(key, expert)] = entry
+        self._resident[key] = self._resident.get(key, 0) + 1
+
+    def _pop(self, entry_key: tuple[int, int]) -> _Entry:
+        self._resident[entry_key[0]] -= 1
+        return self._entries.pop(entry_key)
 
     # -- layers -----------------------------------------------------------------------------------
     def _layer_key(self, experts) -> int:
         for key in self._dead:
             self._drop_layer(key)
         self._dead.clear()
-        found = self._layers.get(id(experts))
-        if found is not None and found[0]() is experts:
-            return found[1]
+        key = self._known_key(experts)
+        if key is not None:
+            return key
         key = self._keys
         self._keys += 1
-        ref = weakref.ref(experts, lambda _, k=key: self._dead.append(k))
-        self._layers[id(experts)] = (ref, key)
-        self._refs[key] = ref
+        self._ids[id(experts.w13)] = key
+        self._layers[key] = _Layer(experts, lambda _, k=key: self._dead.append(k))
         return key
 
     def _drop_layer(self, key: int) -> None:
-        for ident, (_, k) in list(self._layers.items()):
-            if k == key:
-                del self._layers[ident]
-        self._refs.pop(key, None)
+        if self._layers.pop(key, None) is None:
+            return  # dropped already (more than one of its tensors was collected)
+        for ident in [i for i, k in self._ids.items() if k == key]:
+            del self._ids[ident]
         self._last_used.pop(key, None)
         for entry_key in [ek for ek in self._entries if ek[0] == key]:
-            self._free.append(self._entries.pop(entry_key).slot)
+            self._free.append(self._pop(entry_key).slot)
             self._stats.evictions += 1
+        self._resident.pop(key, None)
 
     def _ensure_pool(self, experts) -> None:
         shape = self._expert_shape(experts)
@@ -177,11 +213,11 @@ class Fp8Workspace:
         slots = self.num_slots_for(experts)
         if slots == 0:
             raise ValueError(f"the FP8 expert workspace ({self.capacity_bytes / 2**30:.2f} GiB) cannot hold one "
-                             f"expert of {expert_slot_bytes(inter, hidden) / 2**20:.1f} MiB; raise "
-                             f"{WORKSPACE_GIB_ENV} or configure_default_workspace(gib=...)")
+                             f"expert of {expert_slot_bytes(inter, hidden) / 2**20:.1f} MiB; raise {SIZE_SETTING}")
         self._sync_prefetch()
         self._stats.evictions += len(self._entries)
         self._entries.clear()
+        self._resident.clear()
         self.w13 = self.w13_scale = self.w2 = self.w2_scale = None  # free the old pool first
         cdiv = lambda a, b: -(-a // b)  # noqa: E731
         dev, fp8 = self.device, torch.float8_e4m3fn
@@ -204,9 +240,9 @@ class Fp8Workspace:
             I, H = self._shape
             raise ValueError(
                 f"the FP8 expert workspace has {self.num_slots} slots ({self.capacity_bytes / 2**30:.2f} GiB) but this "
-                f"call activates {len(active)} experts; raise {WORKSPACE_GIB_ENV} to at least "
-                f"{len(active) * expert_slot_bytes(I, H) / 2**30:.2f} or route such calls to path A "
-                f"(DAYZERO_MOE_PATH=auto does)")
+                f"call activates {len(active)} experts; raise {SIZE_SETTING} to at least "
+                f"{len(active) * expert_slot_bytes(I, H) / 2**30:.2f} GiB, or leave the kernel choice to the "
+                f"library (it runs path B only where the workspace holds the whole layer)")
         current = {(key, e) for e in active}
         misses = []
         for e in active:
@@ -222,7 +258,7 @@ class Fp8Workspace:
         self._stats.misses += len(misses)
         slots = [self._take_slot(current) for _ in misses]
         for e, slot in zip(misses, slots):
-            self._entries[(key, e)] = _Entry(slot)
+            self._add(key, e, _Entry(slot))
         self._convert(experts, misses, slots)
 
         slot_of_expert = [0] * E
@@ -241,12 +277,11 @@ class Fp8Workspace:
         for entry_key in self._entries:  # least recently used first
             if entry_key not in protected:
                 self._stats.evictions += 1
-                return self._entries.pop(entry_key).slot
+                return self._pop(entry_key).slot
         return None
 
     def _convert(self, experts, ids: list[int], slots: list[int]) -> None:
-        from dayzero.formats.mxfp4 import as_e8m0_bytes
-        from dayzero.kernels.moe_fp8 import convert_mxfp4_to_fp8
+        from dayzero.kernels.moe._fp8 import convert_mxfp4_to_fp8
 
         if not ids:
             return
@@ -262,10 +297,13 @@ class Fp8Workspace:
     # -- prefetch ---------------------------------------------------------------------------------
     def _prefetch_after(self, key: int, current: set) -> None:
         nxt = self._next.get(key)
-        if not self.prefetch or nxt is None or nxt not in self._last_used:
+        if not self.prefetch or nxt is None or nxt not in self._last_used or nxt not in self._layers:
             return
-        experts = self._refs[nxt]()
-        if experts is None or self._expert_shape(experts) != self._shape:
+        tensors = self._layers[nxt].tensors()
+        if tensors is None:
+            return
+        experts = _Tensors(*tensors)
+        if self._expert_shape(experts) != self._shape:
             return
         wanted = self._last_used[nxt]
         protected = current | {(nxt, e) for e in wanted}
@@ -282,7 +320,7 @@ class Fp8Workspace:
                 break
             ids.append(e)
             slots.append(slot)
-            self._entries[(nxt, e)] = _Entry(slot, prefetched=True)
+            self._add(nxt, e, _Entry(slot, prefetched=True))
         if not ids:
             return
         self._stats.prefetched += len(ids)
@@ -306,58 +344,3 @@ class Fp8Workspace:
         if self._pending is not None:
             self._pending.synchronize()
             self._pending = None
-
-
-_DEFAULT: dict[torch.device, Fp8Workspace] = {}
-_CONFIG: dict[str, float | bool | None] = {"gib": None, "prefetch": None}
-
-
-def planned_workspace_bytes(device: torch.device | str = "cuda") -> int:
-    """Bytes the default workspace of `device` takes (or will take): the setting, else the default
-    capped at half the free device memory. What a memory plan should reserve before sizing the KV pool."""
-    device = _normalize(device)
-    if device in _DEFAULT:
-        return _DEFAULT[device].capacity_bytes
-    gib = _CONFIG["gib"]
-    if gib is None and os.environ.get(WORKSPACE_GIB_ENV):
-        try:
-            gib = float(os.environ[WORKSPACE_GIB_ENV])
-        except ValueError:
-            raise ValueError(f"{WORKSPACE_GIB_ENV} must be a number of GiB, got {os.environ[WORKSPACE_GIB_ENV]!r}") from None
-    if gib is not None:
-        return int(gib * 2**30)
-    nbytes = int(DEFAULT_WORKSPACE_GIB * 2**30)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        nbytes = min(nbytes, free // 2)
-    return nbytes
-
-
-def _normalize(device: torch.device | str) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _prefetch_setting() -> bool:
-    if _CONFIG["prefetch"] is not None:
-        return bool(_CONFIG["prefetch"])
-    return os.environ.get(PREFETCH_ENV, "1") != "0"
-
-
-def default_workspace(device: torch.device | str) -> Fp8Workspace:
-    """The process-wide workspace of `device`, made at first use (sizes: planned_workspace_bytes)."""
-    device = _normalize(device)
-    if device not in _DEFAULT:
-        _DEFAULT[device] = Fp8Workspace(planned_workspace_bytes(device), device, prefetch=_prefetch_setting())
-    return _DEFAULT[device]
-
-
-def configure_default_workspace(gib: float | None = None, prefetch: bool | None = None) -> None:
-    """Set the default workspaces' size (GiB; None: environment or default) and prefetch policy;
-    drops the existing ones (their converted experts are lost)."""
-    if gib is not None and gib <= 0:
-        raise ValueError(f"workspace size must be positive GiB, got {gib}")
-    _CONFIG.update(gib=gib, prefetch=prefetch)
-    _DEFAULT.clear()
