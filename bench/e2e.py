@@ -3,7 +3,8 @@
     python bench/e2e.py --model /tmp/gpt-oss-20b --make          # writes the random checkpoint first if absent
     python bench/e2e.py --model /tmp/gpt-oss-20b --quick --no-transformers
 
-Measures (greedy, random prompt token ids, `ignore_eos`):
+Measures (greedy, random prompt token ids, `ignore_eos`, prefix caching off, every shape run once
+before it is timed so that kernels are compiled and layer graphs captured):
   decode step at batch 1 and 64 (128-token prompts): the median wall time of one engine step
       (schedule, one packed forward, sampling, the one device-to-host copy of the ids);
       transformers: (generate(n2) - generate(n1)) / (n2 - n1) on the same prompts;
@@ -95,7 +96,7 @@ def dayzero_numbers(path: Path, args, vocab: int) -> dict:
 
     longest = max(args.ttft, default=0)
     llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=64, max_num_batched_tokens=args.budget,
-              max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib)
+              max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib, enable_prefix_caching=False)
     engine = llm.engine
     out: dict = {}
 
@@ -131,7 +132,7 @@ def dayzero_numbers(path: Path, args, vocab: int) -> dict:
         out[f"decode_b{batch}"] = statistics.median(steps)
         out[f"prefill_{batch}x128"] = prefill
     for length in args.ttft:
-        run(_prompts(1, 256, vocab, seed=7), 1)
+        run(_prompts(1, length, vocab, seed=7), 1)  # warm-up at the same length (kernels compiled)
         out[f"ttft_{length}"] = run(_prompts(1, length, vocab, seed=length), 1)[0]
     tokens = _prompts(1, 128, vocab, seed=1)[0]
     out["greedy_tokens"] = llm.generate([tokens], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids

@@ -36,6 +36,7 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
 def triton_cuda() -> bool:
     """Whether Triton kernels can run compiled here: Triton is installed and a CUDA device exists (the
     registry's `available` check of every Triton kernel)."""

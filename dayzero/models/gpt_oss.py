@@ -46,7 +46,7 @@ class GptOssRMSNorm(RMSNorm):
     """gpt-oss scales by the weight in float32 and casts after (Llama casts before the scale)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x.float(), self.weight.float(), self.eps).to(x.dtype)
+        return ops.rms_norm(x, self.weight, self.eps, weight_in_float32=True)
 
 
 class GptOssExperts(nn.Module):
@@ -127,12 +127,28 @@ class GptOssAttention(nn.Module):
         self.o_proj = Linear(heads * head_dim, hidden, bias=bias, dtype=dtype, device=device)
         self.sinks = empty_param((heads,), torch.float32, device)
 
+    def post_load(self) -> None:
+        """q, k and v as one projection: one [(H + 2 Hkv) D, hidden] matrix whose row blocks the three
+        Linears' weights then view (no second copy)."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = torch.cat([p.weight for p in projections])
+        self.qkv_bias = None if self.q_proj.bias is None else torch.cat([p.bias for p in projections])
+        rows = 0
+        for p in projections:
+            n = p.weight.shape[0]
+            p.weight.data = self.qkv_weight[rows:rows + n]
+            if self.qkv_bias is not None:
+                p.bias.data = self.qkv_bias[rows:rows + n]
+            rows += n
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
         """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
         n = x.shape[0]
-        q = ops.rope(self.q_proj(x).view(n, self.heads, self.head_dim), cos, sin, interleaved=False)
-        k = ops.rope(self.k_proj(x).view(n, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
-        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        qkv = ops.linear(x, self.qkv_weight, self.qkv_bias)
+        q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = ops.rope(qkv[:, :q_rows].view(n, self.heads, self.head_dim), cos, sin, interleaved=False)
+        k = ops.rope(qkv[:, q_rows:q_rows + kv_rows].view(n, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
+        v = qkv[:, q_rows + kv_rows:].view(n, self.kv_heads, self.head_dim)
         keys, values = cache.append("k", k, self.window), cache.append("v", v, self.window)
         out = ops.paged_gqa_attention(q, keys, values, cache.seqs, self.head_dim ** -0.5, self.window, self.sinks)
         return self.o_proj(out.reshape(n, -1))
@@ -196,6 +212,10 @@ class GptOssForCausalLM(CausalLM):
 
     def ignore_patterns(self) -> tuple[str, ...]:
         return (r"^lm_head\.weight$",) if self.lm_head is None else ()
+
+    def post_load(self) -> None:
+        for layer in self.model.layers:
+            layer.self_attn.post_load()
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions)

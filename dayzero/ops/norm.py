@@ -8,16 +8,19 @@ from dayzero.ops.registry import reference_op
 
 
 @reference_op("rms_norm")
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_in_float32: bool = False) -> torch.Tensor:
     """RMSNorm over the last dim: normalise in float32, cast back to x.dtype, then scale by weight.
 
     The cast happens before the weight multiply, as in the DeepSeek/Llama family's reference
-    modules, so bf16 results round the same way as upstream.
+    modules, so bf16 results round the same way as upstream. weight_in_float32 (gpt-oss): scale by the
+    weight in float32 and cast after, x.dtype out.
     """
     if weight.shape != x.shape[-1:]:
         raise ValueError(f"rms_norm: weight shape {tuple(weight.shape)} does not match the last dim of x {tuple(x.shape)}")
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if weight_in_float32:
+        return (normed * weight.float()).to(x.dtype)
     return weight * normed.to(x.dtype)
 
 

@@ -44,7 +44,7 @@ def _decode_step(acc, l_i, m_i, q, n0, seq_len, kvh, offs_d, offs_dv, qk_scale, 
     return acc, l_i, m_new
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['stride_kt', 'stride_vt'])  # values that change step to step: one compile
 def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr, qstart_ptr, seqlen_ptr, sinks_ptr,
                    out_ptr, part_acc_ptr, part_ml_ptr, qk_scale, window,
                    stride_qn, stride_qh, stride_on, stride_oh, stride_kt, stride_vt,
@@ -117,7 +117,7 @@ def _decode_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr
                  o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None] & dv_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['splits'])  # values that change step to step: one compile
 def _reduce_kernel(part_acc_ptr, part_ml_ptr, sinks_ptr, qstart_ptr, out_ptr, splits, stride_on, stride_oh,
                    HQ: tl.constexpr, DV: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
                    HAS_SINKS: tl.constexpr):

@@ -86,7 +86,7 @@ def _attend_range(acc, l_i, m_i, q, n_lo, n_hi, pos, lo, hi, kvh, offs_d, offs_d
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['first_seq', 'num_seqs', 'q_base', 'stride_kt', 'stride_vt'])  # values that change step to step: one compile
 def _prefill_kernel(q_ptr, k_ptr, ks_ptr, k_table_ptr, v_ptr, vs_ptr, v_table_ptr, qstart_ptr, seqlen_ptr, sinks_ptr,
                     out_ptr, qk_scale, window, first_seq, num_seqs, q_base,
                     stride_qn, stride_qh, stride_on, stride_oh, stride_kt, stride_vt,

@@ -150,7 +150,7 @@ def _decode_step(q, qpe, m, l, acc, t0, t_hi, b, qk_scale,
     return _softmax_update(s, m, l, acc, k, DOT, PRECISION)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['b0', 'SPLITS', 'stride_qr', 'stride_pr', 'stride_lt', 'stride_et', 'stride_or'])  # values that change step to step: one compile
 def _mla_decode_kernel(
     q_ptr, qpe_ptr,
     lat_ptr, lat_sc_ptr, lat_tab_ptr, pe_ptr, pe_sc_ptr, pe_tab_ptr,
@@ -215,7 +215,7 @@ def _mla_decode_kernel(
         tl.store(lse_ptr + (r * SPLITS + split) * H + heads, lse, mask=h_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['SPLITS', 'stride_or', 'stride_xr'])  # values that change step to step: one compile
 def _mla_reduce_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, H, stride_or, stride_os, stride_oh, stride_xh, stride_xr,
                        C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
     """out[h, r, c] = sum over splits s of o[r, s, h, c] * 2^(lse[r, s, h] - lse_total): program (r, h, chunk

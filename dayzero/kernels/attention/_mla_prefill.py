@@ -61,7 +61,7 @@ def prefill_config(device: torch.device) -> PrefillConfig:
     return PrefillConfig(128, 64, 8, 2)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['b0', 'k0', 'k1', 'stride_lt', 'stride_et'])  # values that change step to step: one compile
 def _gather_kernel(lat_ptr, lat_sc_ptr, lat_tab_ptr, pe_ptr, pe_sc_ptr, pe_tab_ptr, seq_lens_ptr, k_start_ptr,
                    out_lat_ptr, out_pe_ptr, b0, k0, k1,
                    stride_lp, stride_ls, stride_lsp, stride_lss, stride_lt, lat_bs,
@@ -115,7 +115,7 @@ def _prefill_step(qn, qp, m, l, acc, j0, kbase, k_end, pos, h, qk_scale, kn_ptr,
     return _softmax_update(s, m, l, acc, v, DOT, PRECISION)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=['b0', 'k0', 'k1', 'row_base', 'stride_qnt', 'stride_qpt', 'stride_knt', 'stride_kpt', 'stride_vt', 'stride_ot', 'stride_lset'])  # values that change step to step: one compile
 def _mla_prefill_kernel(
     qn_ptr, qp_ptr, kn_ptr, kpe_ptr, v_ptr, o_ptr, lse_ptr,
     query_start_ptr, seq_lens_ptr, k_start_ptr,

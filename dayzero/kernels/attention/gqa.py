@@ -113,10 +113,15 @@ def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: S
                         plan: Plan | None = None) -> torch.Tensor:
     """[num_tokens, Hq, Dv] in q.dtype, as the reference op; `plan` pins the kernels and tiles (benchmarks,
     tests), else `choose` picks them. Tensors on CUDA, or on the CPU under TRITON_INTERPRET=1."""
+    check(q, k, v, seqs, scale, sliding_window, sinks)
+    return _run(q, k, v, seqs, scale, sliding_window, sinks, plan)
+
+
+def _run(q, k, v, seqs, scale, sliding_window=None, sinks=None, plan: Plan | None = None) -> torch.Tensor:
+    """paged_gqa_attention on arguments already checked (the registry calls this after `supports`)."""
     from dayzero.kernels.attention._gqa_decode import decode
     from dayzero.kernels.attention._gqa_prefill import prefill
 
-    check(q, k, v, seqs, scale, sliding_window, sinks)
     out = torch.empty((q.shape[0], q.shape[1], v.entry_shape[1]), dtype=q.dtype, device=q.device)
     if q.shape[0] == 0:
         return out
@@ -136,5 +141,5 @@ def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: S
 
 def register_gqa(registry) -> None:
     """Register the Triton paged_gqa_attention for CUDA in `registry` (dayzero.ops.registry.Registry)."""
-    registry.register_kernel("paged_gqa_attention", paged_gqa_attention, backend="triton", devices=["cuda"],
+    registry.register_kernel("paged_gqa_attention", _run, backend="triton", devices=["cuda"],
                              priority=PRIORITY, available=triton_cuda, supports=supports)

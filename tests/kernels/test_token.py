@@ -1,0 +1,84 @@
+"""The per-token layer kernels (dayzero/kernels/token/: rms_norm, rope) against their reference ops,
+on CPU under Triton's interpreter (small shapes, seeded random sizes) and on CUDA (model shapes,
+through the registry)."""
+
+import random
+
+import pytest
+import torch
+
+from dayzero import ops
+from dayzero.ops.registry import REGISTRY
+from tests.kernels.conftest import cuda, interpreter
+
+
+def _ref(name, *args, **kwargs):
+    return REGISTRY.get(name).reference.fn(*args, **kwargs)
+
+
+def _close(got, want, dtype):
+    """Equal up to the output dtype's rounding: two ulps of the largest value (the kernels sum in another
+    order than torch, so a value can land on the other side of a rounding boundary, and RMSNorm rounds
+    twice: the normalised value, then its product with the weight)."""
+    assert got.dtype == want.dtype and got.shape == want.shape
+    ulp = {torch.float32: 2.0**-19, torch.bfloat16: 2.0**-6, torch.float16: 2.0**-9}[dtype]
+    err = (got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30)
+    assert err <= ulp, f"max relative error {float(err):.2e} over one {dtype} ulp"
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight_in_float32", [False, True])
+def test_rms_norm_interpreted(seed, dtype, weight_in_float32):
+    from dayzero.kernels.token import _rms_norm
+
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    d, rows = rng.choice((16, 48, 100, 128)), rng.randint(1, 9)
+    x = (torch.randn(rows, 2, d, generator=g) * rng.choice((0.01, 1.0, 30.0))).to(dtype)
+    w = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype)
+    got = _rms_norm.rms_norm(x, w, 1e-5, weight_in_float32)
+    _close(got, _ref("rms_norm", x, w, 1e-5, weight_in_float32), dtype)
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_interpreted(seed, interleaved):
+    from dayzero.kernels.token import _rope
+
+    rng = random.Random(100 + seed)
+    g = torch.Generator().manual_seed(seed)
+    t, h, d = rng.randint(1, 6), rng.choice((1, 3, 8)), rng.choice((8, 16, 64))
+    dtype = rng.choice((torch.float32, torch.bfloat16))
+    wide = torch.randn(t, h, d + 24, generator=g).to(dtype)
+    x = wide[..., 24:] if rng.random() < 0.5 else wide[..., :d].contiguous()  # a strided view, or not
+    angles = torch.rand(t, d // 2, generator=g) * 20
+    cos, sin = angles.cos(), angles.sin()
+    _close(_rope.rope(x, cos, sin, interleaved), _ref("rope", x, cos, sin, interleaved), dtype)
+    x2 = x[:, 0]  # [T, D]
+    _close(_rope.rope(x2, cos, sin, interleaved), _ref("rope", x2, cos, sin, interleaved), dtype)
+
+
+@cuda
+@pytest.mark.parametrize("d", [64, 2880, 7168])
+@pytest.mark.parametrize("weight_in_float32", [False, True])
+def test_rms_norm_cuda(d, weight_in_float32):
+    x = torch.randn(257, d, device="cuda", dtype=torch.bfloat16) * 3
+    w = (1 + 0.3 * torch.randn(d, device="cuda")).bfloat16()
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = ops.rms_norm(x, w, 1e-5, weight_in_float32=weight_in_float32)
+    assert calls == {"rms_norm@triton": 1}
+    _close(got, _ref("rms_norm", x, w, 1e-5, weight_in_float32), torch.bfloat16)
+
+
+@cuda
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_cuda(interleaved):
+    x = torch.randn(300, 64, 64 + 128, device="cuda", dtype=torch.bfloat16)[..., 128:]  # q_pe of a wider q
+    angles = torch.rand(300, 32, device="cuda") * 1000
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = ops.rope(x, angles.cos(), angles.sin(), interleaved=interleaved)
+    assert calls == {"rope@triton": 1}
+    _close(got, _ref("rope", x, angles.cos(), angles.sin(), interleaved), torch.bfloat16)
