@@ -493,7 +493,7 @@ def main() -> None:
             "triton": triton.__version__, "copy_bytes_per_s": bw, "bf16_flops": flops, "rows": []}
     print(f"{info['date']} {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size / 1e6:.0f} MB; "
           f"copy {bw / 1e12:.2f} TB/s (read + write), bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
-    explicit = parse_plans(args.plan)
+    explicit = parse_plans(args.plan) if args.plan else []
     for name in models:
         info["rows"] += bench_model(name, tokens, args.reps, args.copies, bw, flops, args.kernels, explicit,
                                     args.layers_per_graph, not args.no_baseline)

@@ -48,7 +48,7 @@ ORACLE = "transformers full forward (no cache)"
 # ascending key index, dayzero.ops.dsa.ranked_topk), "torch" = transformers as installed.
 REFERENCE_TIES = ("index", "torch")
 # Per model_type, the transformers modules whose torch.topk selects DSA keys (where the rule applies)
-DSA_TOPK_MODULES = {"deepseek_v32": ("DeepseekV32Indexer",)}
+DSA_TOPK_MODULES = {"deepseek_v32": ("DeepseekV32Indexer",), "deepseek_v4": ("DeepseekV4Indexer",)}
 
 
 @dataclass

@@ -12,7 +12,7 @@ and model code may scale the softmax separately. All tables are float32, as upst
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,10 +25,14 @@ def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 class Rope:
     inv_freq: torch.Tensor  # float32 [dim / 2]
     attention_scaling: float = 1.0
+    _on_device: dict = field(default_factory=dict, compare=False, repr=False)  # device -> inv_freq there
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (any shape, integer) -> cos, sin float32 [..., dim / 2], times attention_scaling."""
-        angles = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(positions.device)
+        inv_freq = self._on_device.get(positions.device)
+        if inv_freq is None:  # copied once per device: a copy from host memory would synchronise every step
+            inv_freq = self._on_device.setdefault(positions.device, self.inv_freq.to(positions.device))
+        angles = positions.to(torch.float32).unsqueeze(-1) * inv_freq
         return angles.cos() * self.attention_scaling, angles.sin() * self.attention_scaling
 
 

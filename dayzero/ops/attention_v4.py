@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from dayzero.ops.attention_gqa import padding_mask
+from dayzero.ops.dsa import ranked_topk
 from dayzero.ops.registry import reference_op
 
 
@@ -127,14 +128,15 @@ def v4_indexer(
 
 @reference_op("v4_topk_select")
 def v4_topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the min(k, N) best entries per row of scores [..., N], best first, as torch.topk
-    picks them (which of several exactly equal scores wins is unspecified, as upstream; it happens
-    when every indexer head's ReLU is 0). Picks with score -inf (entries not yet visible) become -1.
-    int64 [..., min(k, N)]."""
+    """Indices of the min(k, N) best entries per row of scores [..., N], best first, equal scores by
+    ascending entry index (as DSA's `topk_select`, dayzero/ops/dsa.py: exact ties happen when every
+    indexer head's ReLU is 0, and torch.topk's order among them depends on the row's length, so a
+    cached decode and a full forward would keep different entries). Picks with score -inf (entries not
+    yet visible) become -1. int64 [..., min(k, N)]."""
     if k < 1:
         raise ValueError(f"v4_topk_select: k must be >= 1, got {k}")
-    best = scores.topk(min(k, scores.shape[-1]), dim=-1)
-    return best.indices.masked_fill(best.values == float("-inf"), -1)
+    values, indices = ranked_topk(scores, min(k, scores.shape[-1]))
+    return indices.masked_fill(values == float("-inf"), -1)
 
 
 # -- attention --------------------------------------------------------------------------------

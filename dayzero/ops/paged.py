@@ -144,7 +144,7 @@ class PagedStream:
         return dequantize_activation_groups(values, self.scales[pages, offsets], FP8_GROUP, self.read_dtype)
 
 
-def query_chunks(num_queries: int, num_keys: int, heads: int, budget: int = 1 << 26) -> int:
+def query_chunks(num_queries: int, num_keys: int, heads: int, budget: int = 1 << 25) -> int:
     """Queries per chunk of a reference attention so that its float32 scores [heads, chunk, keys]
-    stay under `budget` elements (256 MiB): memory O(tokens x chunk), not O(tokens^2)."""
+    stay under `budget` elements (128 MiB): memory O(tokens x chunk), not O(tokens^2)."""
     return max(1, min(num_queries, budget // max(1, num_keys * heads)))

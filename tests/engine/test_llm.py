@@ -372,3 +372,29 @@ def test_the_fp8_expert_workspace_is_reserved_where_path_b_can_run():
         assert LLM(kv_cache_gib=0.01, fp8_workspace_gib=0).expert_workspace is None  # 0: no workspace
     full = _kv_budget_from_fraction(forced.model, 0.9, 0)
     assert _kv_budget_from_fraction(forced.model, 0.9, ws.capacity_bytes) == full - ws.capacity_bytes
+
+
+def test_a_16k_prompt_keeps_peak_memory_bounded(tmp_path):
+    """A 16K-token prompt on the CPU with a tiny gpt-oss: chunked prefill and the references' query
+    chunks keep attention scores O(tokens x chunk). Measured in a fresh process (peak resident set):
+    one unchunked causal score matrix of this prompt alone would take 16K x 16K x 4 heads x 4 B = 4 GiB."""
+    import subprocess
+    import sys
+
+    path = build_gpt_oss_checkpoint(tmp_path, max_position_embeddings=32768)
+    script = f"""
+import resource, torch
+from dayzero import LLM, SamplingParams
+llm = LLM({str(path)!r}, dtype="float32", max_model_len=16500, max_num_batched_tokens=4096)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ids = torch.randint(0, llm.vocab_size, (16384,), generator=torch.Generator().manual_seed(0)).tolist()
+out = llm.generate([ids], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))[0]
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+assert len(out.token_ids) == 2
+print((after - before) / 2**20)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    growth_gib = float(run.stdout.strip().splitlines()[-1])
+    print(f"peak resident set growth over a 16K-token prompt: {growth_gib:.2f} GiB")
+    assert growth_gib < 1.0

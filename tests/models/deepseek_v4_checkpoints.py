@@ -68,10 +68,14 @@ def build_deepseek_v4_checkpoint(tmp_dir: str | os.PathLike, *, mtp: bool = Fals
 
 
 def load_reference(path: str | os.PathLike, dtype: torch.dtype = torch.float32):
-    """transformers' DeepseekV4ForCausalLM on the checkpoint (on CPU it dequantizes FP8 / FP4 on load)."""
+    """transformers' DeepseekV4ForCausalLM on the checkpoint (on CPU it dequantizes FP8 / FP4 on load),
+    its indexer's top-k ranking equal scores by entry index as dayzero does (dayzero.verify)."""
     from transformers import AutoModelForCausalLM
 
+    from dayzero.verify import rank_reference_ties
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    rank_reference_ties(model, "deepseek_v4")
     model.generation_config.eos_token_id = None  # generate exactly the requested number of tokens
     return model.eval()
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from dayzero.models import load_model
+from dayzero.verify import rank_reference_ties
 from dayzero.weights import Checkpoint, match_layout
 from tests.models.helpers import positions, rel_err
 
@@ -137,6 +138,7 @@ def check_fidelity(reference, dirs: dict[str, Path], prompt_len: int, decode_ste
     `reference` to TOLERANCE at the prefill and at every decode step. Layouts outside
     `decode_layouts` are checked on the prefill and must load bitwise the same tensors as the first
     one (so their decode steps are those of the first); returns {layout: step errors}."""
+    rank_reference_ties(reference, reference.config.model_type)  # DSA top-k ties by key index, as dayzero
     vocab = reference.config.vocab_size
     ids = token_ids(vocab, prompt_len + decode_steps, seed)
     with torch.no_grad():

@@ -153,8 +153,8 @@ def test_other_weight_formats_match_transformers(tmp_path, variant, options, exp
 
 
 def test_demo_checkpoint_matches_transformers():
-    """The embedded demo (4 indexer heads, top-4) has exact zero-score ties in the indexer; top-k
-    breaks them as torch.topk does, like transformers, so even those positions agree."""
+    """The embedded demo (4 indexer heads, top-4) has exact zero-score ties in the indexer; both sides
+    rank them by entry index (load_reference patches transformers' indexer), so those positions agree."""
     from dayzero.demo import demo_checkpoint
 
     path = demo_checkpoint()
