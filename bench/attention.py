@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.moe import copy_bandwidth, matmul_rate, median_ms  # noqa: E402
+from bench.moe import copy_bandwidth, graph_replay_us, matmul_rate, median_ms  # noqa: E402
 from dayzero.formats.fp8 import quantize_activation_groups  # noqa: E402
 from dayzero.kernels.attention.gqa import paged_gqa_attention, plan_for  # noqa: E402
 from dayzero.kernels.attention.gqa_choose import DecodeConfig, Plan, PrefillConfig  # noqa: E402
@@ -96,25 +96,6 @@ def _sinks(gen) -> torch.Tensor:
     return torch.randn(HQ, device="cuda", generator=gen)
 
 
-def _graph_us(fn, copies: int, reps: int) -> float:
-    """Median µs of one fn(copy) captured in a CUDA graph per copy, replayed in rotation."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graphs = []
-    with torch.cuda.stream(stream):
-        for s in range(copies):
-            fn(s)
-        for s in range(copies):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                fn(s)
-            graphs.append(g)
-    torch.cuda.current_stream().wait_stream(stream)
-    us = 1e3 * median_ms(lambda s: graphs[s].replay(), reps, copies)
-    del graphs
-    return us
-
-
 def run_ours(c: Case, reps: int, plan: Plan | None = None) -> tuple[float, float]:
     """(graph µs, eager µs) of the kernels on case c."""
     def call(s):
@@ -122,7 +103,7 @@ def run_ours(c: Case, reps: int, plan: Plan | None = None) -> tuple[float, float
         return paged_gqa_attention(c.q, k, v, c.seqs, DIM ** -0.5, c.window, c.sinks, plan=plan)
 
     n = len(c.pools)
-    return _graph_us(call, n, reps), 1e3 * median_ms(call, reps, n)
+    return graph_replay_us(call, n, reps), 1e3 * median_ms(call, reps, n)
 
 
 def run_reference(c: Case, reps: int) -> float:
@@ -229,8 +210,8 @@ def format_row(r: dict) -> str:
 
 
 def table(rows: list[dict], bw: float, rate: float) -> str:
-    head = (f"| case | work | ours µs (graph) | ours eager µs | reference µs | torch SDPA µs | roofline µs | "
-            f"ours % of roofline |\n|---|---|---|---|---|---|---|---|")
+    head = ("| case | work | ours µs (graph) | ours eager µs | reference µs | torch SDPA µs | roofline µs | "
+            "ours % of roofline |\n|---|---|---|---|---|---|---|---|")
     lines = [f"roofline: decode = KV bytes / {bw / 1e12:.2f} TB/s copy; prefill = FLOP / {rate / 1e12:.0f} TFLOP/s",
              head]
     for r in rows:

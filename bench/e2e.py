@@ -29,33 +29,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def ceilings() -> tuple[float, float]:
-    """(copy bytes/s, bf16 FLOP/s) measured now."""
-    src = torch.randn(2**30 // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    a, b = (torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-
-    def timed(fn, reps=20):
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(reps):
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
-
-    copy = 2 * src.numel() * 2 / timed(lambda: dst.copy_(src))
-    flops = 2 * 8192**3 / timed(lambda: a @ b)
-    del src, dst, a, b
-    torch.cuda.empty_cache()
-    return copy, flops
+from bench.moe import copy_bandwidth, matmul_rate  # noqa: E402  (the roofline's two ceilings, measured now)
 
 
 class Shapes:
@@ -187,14 +163,15 @@ def main() -> None:
     if args.quick:
         args.steps, args.ttft = 8, [t for t in args.ttft if t <= 4096]
     if args.make and not (args.model / "config.json").exists():
-        from checkpoints import write_checkpoint
+        from bench.checkpoints import write_checkpoint
 
         t0 = time.perf_counter()
         write_checkpoint("gpt-oss-20b", args.model, "cuda")
         print(f"wrote {args.model} in {time.perf_counter() - t0:.0f} s", flush=True)
     config = json.loads((args.model / "config.json").read_text())
     shapes = Shapes(config)
-    copy, flops = ceilings()
+    copy, flops = copy_bandwidth(), matmul_rate()
+    torch.cuda.empty_cache()
     print(f"ceilings: copy {copy / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
     ours = dayzero_numbers(args.model, args, config["vocab_size"])
     print(f"dayzero: {ours}", flush=True)

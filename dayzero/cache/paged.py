@@ -88,7 +88,7 @@ def probe_layout(model: torch.nn.Module) -> CacheLayout:
     return layout
 
 
-def checked_layout(model: CausalLM, kv_cache_dtype: str = "auto") -> CacheLayout:
+def checked_layout(model: torch.nn.Module, kv_cache_dtype: str = "auto") -> CacheLayout:
     """`cache_layout` of the model's spec and dtype, after checking that the model writes exactly
     that (else the memory plan and the storage would describe another cache than the one used)."""
     planned, probed = cache_layout(model.spec, model.dtype), probe_layout(model)
