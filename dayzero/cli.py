@@ -99,7 +99,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop or [],
                             ignore_eos=args.ignore_eos)
-    llm = LLM(model_dir, device=args.device, dtype=args.dtype)
+    llm = LLM(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
     prompt = args.prompt
     if args.chat:
         prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",
+                   help="run every step eagerly (default on CUDA: decode steps replay captured CUDA graphs)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser(
@@ -239,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--seed", type=int, default=0, help="global seed for requests without their own")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",
+                   help="run every step eagerly (default on CUDA: decode steps replay captured CUDA graphs)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("ops", help="the operator library's coverage: op x backend")

@@ -59,7 +59,8 @@ class LLM:
                  block_size: int = 16, num_kv_blocks: int | None = None, kv_cache_gib: float | None = None,
                  mem_fraction: float | None = None, enable_prefix_caching: bool = True,
                  num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto",
-                 fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False):
+                 fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
+                 cuda_graphs: bool = True, enforce_eager: bool = False):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
@@ -67,7 +68,9 @@ class LLM:
         kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3" (FP8 entries, a scale per 128 values).
         fp8_workspace_gib: the cross-layer FP8 expert workspace of path B (MXFP4 experts, where the kernel
         library can choose that path: kernels/moe/choose.py); default DAYZERO_FP8_WORKSPACE_GIB, else every
-        expert one step can activate; 0: none."""
+        expert one step can activate; 0: none.
+        cuda_graphs: on CUDA, decode steps replay CUDA graphs captured per batch-size bucket where the model
+        allows (dayzero.engine.graphs); False, or vLLM's enforce_eager=True, runs every step eagerly."""
         from dayzero.models import load_model
 
         REGISTRY.check_variants()
@@ -91,7 +94,8 @@ class LLM:
                              max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                              max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
                              kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
-                             num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed)
+                             num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
+                             cuda_graphs=cuda_graphs and not enforce_eager, progress=progress)
         self.vocab_size = self.engine.vocab_size
         self.max_model_len = self.engine.max_model_len
         self._ids = itertools.count()

@@ -403,6 +403,9 @@ class KimiLinearForCausalLM(CausalLM):
             if isinstance(layer.self_attn, MLAttention):
                 layer.self_attn.post_load()
 
+    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
+        return None  # a decode step's KDA is one [B, 1] block of static-shape ops; MLA kernels; the MoE layer
+
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """NoPE model: positions are not used (KDA's recurrence carries order)."""
         x = self.model.embed_tokens(input_ids)

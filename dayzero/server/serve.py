@@ -41,7 +41,7 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
                   max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
                   kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
                   fp8_workspace_gib=args.fp8_workspace_gib,
-                  seed=args.seed, progress=True)
+                  seed=args.seed, progress=True, cuda_graphs=args.cuda_graphs)
         pool = llm.scheduler.kv.pool
         print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} "
               f"tokens, KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
