@@ -33,12 +33,12 @@ _LONGS = ("input_ids", "positions", "state_slots", "logits_indices")
 
 
 class StaticStep:
-    def __init__(self, layout, block_size: int, max_seqs: int, max_blocks: int, scratch_pages: list[int],
+    def __init__(self, layout, block_size: int, max_seqs: int, max_len: int, scratch_pages: list[int],
                  scratch_slot: int, device: torch.device | str):
-        """max_blocks: pages a sequence's table holds at most (ceil(max_model_len / block_size))."""
+        """max_len: tokens a sequence holds at most (max_model_len); its table holds that many pages."""
         self.device = torch.device(device)
-        self.block_size, self.max_seqs = block_size, max_seqs
-        self.width = max_blocks + 1  # one spare column, as build_step's tables
+        self.block_size, self.max_seqs, self.max_len = block_size, max_seqs, max_len
+        self.width = -(-max_len // block_size) + 1  # one spare column, as build_step's tables
         kinds = layout.stream_kinds(block_size)
         rates = sorted({rate for _, rate, _ in kinds})
         if rates and rates != [1]:
@@ -78,11 +78,11 @@ class StaticStep:
 
     def meta(self, b: int, seq_lens_host: tuple[int, ...] | None = None) -> StepMetadata:
         """The StepMetadata of a b-sequence decode step over the device buffers. seq_lens_host: the host
-        lengths the kernels plan with (default: the longest a table holds)."""
+        lengths the kernels plan with (default: max_len for every sequence)."""
         if not 1 <= b <= self.max_seqs:
             raise ValueError(f"StaticStep.meta: batch {b} outside [1, {self.max_seqs}]")
         if seq_lens_host is None:
-            seq_lens_host = ((self.width - 1) * self.block_size,) * b
+            seq_lens_host = (self.max_len,) * b
         d = self.dev
         seqs = SeqBatch(d["query_start"][:b + 1], d["seq_lens"][:b], tuple(range(b + 1)), tuple(seq_lens_host))
         writes = {(g, 1): (d[f"wp{g}"][:b], d[f"wo{g}"][:b]) for g in self.groups}
@@ -114,8 +114,9 @@ class StaticStep:
             table, scratch = h[f"table{g}"], self.scratch_pages[g]
             for i, s in enumerate(steps):
                 row = s.tables[g]
-                if len(row) >= self.width:
-                    raise ValueError(f"StaticStep.fill: a table of {len(row)} pages exceeds the graphs' {self.width - 1}")
+                if len(row) >= self.width or s.start >= self.max_len:
+                    raise ValueError(f"StaticStep.fill: a sequence at token {s.start} with {len(row)} pages exceeds "
+                                     f"the graphs' {self.max_len} tokens ({self.width - 1} pages)")
                 table[i, :len(row)] = [-1 if p is None else p for p in row]
                 table[i, len(row)] = -1
             table[n:b, 0] = scratch

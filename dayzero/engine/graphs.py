@@ -9,7 +9,7 @@ Steps with a prefill (or more sequences than the largest bucket) run eagerly.
 
 Capture goes largest bucket first into one shared memory pool (a smaller graph reuses the larger
 one's activation memory), after two eager warm-up runs per bucket (Triton compiles, lazy tables).
-The host lengths a graph is captured with (the longest a table holds) pick the kernels' split counts
+The host lengths a graph is captured with (max_model_len for every sequence) pick the kernels' split counts
 and tiles; the kernels read the real lengths from the device buffers, so a replay is right for any
 lengths (dayzero.kernels.attention.gqa_choose). The MoE layer's own per-layer graphs stand aside
 while a whole-step graph is captured (dayzero.kernels.moe._graphs).
@@ -52,7 +52,7 @@ class DecodeGraphs:
             raise ValueError("DecodeGraphs needs a storage made with scratch=True (a page for the padding sequences)")
         self.model, self.storage = model, storage
         self.buckets = graph_buckets(max_num_seqs)
-        self.static = StaticStep(storage.layout, block_size, max_num_seqs, -(-max_model_len // block_size),
+        self.static = StaticStep(storage.layout, block_size, max_num_seqs, max_model_len,
                                  storage.scratch_pages, storage.scratch_slot, model.device_)
         self.capture = capture
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}

@@ -41,7 +41,7 @@ LAYOUT = CacheLayout([StreamSpec(0, "k", (2, 4), torch.float32, None, 1),
 def test_the_static_step_holds_what_build_step_builds_and_pads_with_scratch():
     rng = np.random.default_rng(0)
     bs, max_blocks, scratch = 4, 6, [40, 41]
-    static = StaticStep(LAYOUT, bs, 8, max_blocks, scratch, 9, "cpu")
+    static = StaticStep(LAYOUT, bs, 8, bs * max_blocks, scratch, 9, "cpu")
     for trial in range(5):
         n = int(rng.integers(1, 8))
         steps = []
@@ -75,7 +75,8 @@ def test_the_static_step_holds_what_build_step_builds_and_pads_with_scratch():
 
 
 def test_the_static_step_refuses_what_a_graph_cannot_run():
-    static = StaticStep(LAYOUT, 4, 4, 3, [9, 9], 0, "cpu")
+    static = StaticStep(LAYOUT, 4, 4, 12, [9, 9], 0, "cpu")
+    assert static.meta(2).seqs.seq_lens_host == (12, 12)  # kernels plan for the longest sequence
     with pytest.raises(ValueError, match="exactly one given token"):
         static.fill([SeqStep(3, 2, [[0, 1], [0, 1]], 0, True, [1, 2])], 2)
     with pytest.raises(ValueError, match="exceeds"):
@@ -84,7 +85,7 @@ def test_the_static_step_refuses_what_a_graph_cannot_run():
         static.fill([SeqStep(3, 1, [[0], [0]], 0, True, [1])] * 3, 2)
     compressed = CacheLayout([StreamSpec(0, "c", (4,), torch.float32, None, 4)], [])
     with pytest.raises(ValueError, match="rates"):
-        StaticStep(compressed, 4, 4, 3, [9], 0, "cpu")
+        StaticStep(compressed, 4, 4, 12, [9], 0, "cpu")
 
 
 def _run(llm, prompts):
@@ -120,42 +121,71 @@ def test_models_say_whether_their_decode_step_captures(tmp_path):
     assert "compressed entries" in v4.model.cuda_graph_blocker(128)
     v32 = LLM(FAMILIES["deepseek_v32"][0](tmp_path), dtype="float32")
     topk = v32.model.model.layers[0].self_attn.indexer.topk
-    assert v32.model.cuda_graph_blocker(topk) is None
+    assert "float32 MLA" in v32.model.cuda_graph_blocker(topk)  # bf16 MLA runs kernels that capture
     assert "index_topk" in v32.model.cuda_graph_blocker(topk + 1)
+    gpt_oss = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32")
+    assert gpt_oss.model.cuda_graph_blocker(1 << 20) is None
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+def _check_every_graph_step_against_eager(llm, rel_tol):
+    """Wrap the graphs' run: after each replay, run the same step eagerly (build_step + forward; it
+    rewrites the same cache entries) and record the logits' relative error. Returns the errors."""
+    from dayzero.cache.paged import PagedStepCache
+
+    graphs, storage, errors = llm.runner.graphs, llm.runner.storage, []
+    replay = graphs.run
+
+    def both(steps):
+        got = replay(steps).clone()
+        meta = build_step(steps, storage.layout, llm.scheduler.kv.block_size, llm.model.device_)
+        ref = llm.model.forward_packed(meta.input_ids, meta.positions,
+                                       PagedStepCache(storage, meta, llm.model.spec.num_layers))
+        errors.append(((got - ref).norm() / ref.norm()).item())
+        assert errors[-1] < rel_tol, (len(steps), errors)
+        return got
+
+    graphs.run = both
+    return errors
+
+
 @cuda
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_graph_replays_give_the_eager_steps_tokens_on_cuda(name, tmp_path):
+def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path):
+    """bf16 (the MLA kernels' dtype): each decode step's logits from the graph against the same step
+    run eagerly right after; batches of 5 (bucket 6, one padding row) then 3 (bucket 4)."""
     path = CASES[name](tmp_path)
-    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=6)
+    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=6)
     if name == "deepseek_v32":
         kwargs["max_model_len"] = 8  # no longer than index_topk: dense MLA, which captures
-    eager, graphs = LLM(path, cuda_graphs=False, **kwargs), LLM(path, **kwargs)
-    assert eager.runner.graphs is None and graphs.runner.graphs is not None
+    llm = LLM(path, **kwargs)
+    assert llm.runner.graphs is not None, name
+    errors = _check_every_graph_step_against_eager(llm, 2e-2)
     lengths = [3, 5, 4, 2, 6] if name == "deepseek_v32" else [3, 17, 9, 30, 5]
-    prompts = _prompts(eager.vocab_size, lengths)
-    params = PARAMS if name != "deepseek_v32" else SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True, logprobs=2)
-    tokens, logprobs = (_run(eager, prompts))
-    got_tokens, got_logprobs = _run(graphs, prompts)
-    assert graphs.runner.graphs.num_replays > 0
-    assert got_tokens == tokens
-    np.testing.assert_allclose(got_logprobs, logprobs, rtol=1e-4, atol=1e-4)
-    _assert_pool_free(graphs)
+    params = SamplingParams(max_tokens=2 if name == "deepseek_v32" else 7, temperature=0.0, ignore_eos=True)
+    for prompts in (_prompts(llm.vocab_size, lengths), _prompts(llm.vocab_size, lengths[:3], seed=1)):
+        llm.generate(prompts, params)
+    assert len(errors) == llm.runner.graphs.num_replays >= 2
+    _assert_pool_free(llm)
 
 
 @cuda
-def test_bf16_graph_replays_and_a_blocked_family_runs_eagerly(tmp_path, caplog):
+def test_graph_replays_give_the_eager_steps_tokens_and_a_blocked_family_runs_eagerly(tmp_path, caplog):
+    """float32 gpt-oss (its GQA kernels take float32): greedy tokens of 10 requests, graphs on and off,
+    and each step's logits within float32 noise."""
     path = FAMILIES["gpt_oss"][0](tmp_path)
-    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=16)
+    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=16)
     eager, graphs = LLM(path, cuda_graphs=False, **kwargs), LLM(path, **kwargs)
+    assert eager.runner.graphs is None
     prompts = _prompts(eager.vocab_size, [3, 17, 9, 30, 5, 40, 12, 8, 20, 11])
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    assert [o.token_ids for o in graphs.generate(prompts, params)] == [o.token_ids for o in eager.generate(prompts, params)]
-    assert graphs.runner.num_graph_steps >= 10
+    errors = _check_every_graph_step_against_eager(graphs, 1e-4)
+    tokens, logprobs = _run(eager, prompts)
+    got_tokens, got_logprobs = _run(graphs, prompts)
+    assert got_tokens == tokens
+    np.testing.assert_allclose(got_logprobs, logprobs, rtol=1e-4, atol=1e-4)
+    assert graphs.runner.num_graph_steps >= PARAMS.max_tokens - 2 and len(errors) == graphs.runner.num_graph_steps
     _assert_pool_free(graphs)
     with caplog.at_level("INFO", logger="dayzero"):
         v4 = LLM(FAMILIES["deepseek_v4"][0](tmp_path), dtype="bfloat16", device="cuda")
