@@ -90,7 +90,7 @@ def test_every_readme_command_parses():
     from dayzero.cli import build_parser
 
     commands = [argv[1:] for argv in shell_commands() if argv[0] == "dayzero"]
-    assert {argv[0] for argv in commands} >= {"verify", "generate", "serve", "inspect"}
+    assert {argv[0] for argv in commands} >= {"verify", "generate", "serve", "bench", "inspect"}
     for argv in commands:
         build_parser().parse_args(argv)
     tests = [argv for argv in shell_commands("Quick start") if argv[:3] == ["python", "-m", "pytest"]]
