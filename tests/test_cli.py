@@ -128,7 +128,7 @@ def test_context_and_gpus_must_be_positive(tmp_path, capsys):
         memory_plan(load_spec(tmp_path), context=-5)
 
 
-@pytest.mark.parametrize("command", ["inspect", "verify", "generate", "serve"])
+@pytest.mark.parametrize("command", ["inspect", "verify", "generate", "serve", "bench"])
 def test_every_command_takes_the_model_positionally_or_as_an_option(command, capsys):
     for argv in ([command, "/nonexistent/model"], [command, "--model", "/nonexistent/model"],
                  [command, "--model-path", "/nonexistent/model"]):

@@ -100,8 +100,9 @@ def _bench_offline(args, model_dir: Path, workload: Workload, levels: list[int |
     if args.max_running_requests is None:
         args.max_running_requests = widest
     elif args.max_running_requests < widest:
-        print(f"[dayzero] --max-concurrency {widest} is above --max-running-requests {args.max_running_requests}: "
-              f"the engine runs at most {args.max_running_requests} requests together", file=sys.stderr)
+        print(f"[dayzero] up to {widest} requests are in flight (--max-concurrency, else --num-prompts) and "
+              f"--max-running-requests is {args.max_running_requests}: the engine runs that many together, the "
+              "rest wait in its queue (their TTFT includes the wait)", file=sys.stderr)
     if args.max_model_len is None:
         args.max_model_len = workload.max_request_len
     llm = LLM(model_dir, **llm_kwargs(args), progress=not args.disable_tqdm)

@@ -74,7 +74,9 @@ def test_vs_transformers_prints_the_ratio_of_the_same_prompts(sweep):
     for (_, ours, theirs, ratio), b, r in zip(ratios, baseline, runs):
         assert b["total_output_tokens"] == 16 and b["completed"] == 4
         assert b["ratio"] == pytest.approx(r["output_throughput"] / b["output_throughput"])
-        assert float(ratio) == pytest.approx(float(ours) / float(theirs), abs=0.011)
+        assert float(ours) == pytest.approx(r["output_throughput"], abs=0.006)
+        assert float(theirs) == pytest.approx(b["output_throughput"], abs=0.006)
+        assert float(ratio) == pytest.approx(b["ratio"], abs=0.006)
     assert [b["batch_size"] for b in baseline] == [1, 4]
 
 
@@ -142,7 +144,20 @@ def test_bad_flags_are_argparse_errors_naming_the_flag(flag, value, message, cap
 @pytest.mark.parametrize("argv, message", [
     (["--vs", "transformers", "--url", "http://127.0.0.1:1"], "--vs transformers runs transformers in this process"),
     (["--output-file", "plot.png"], "--output-file plot.png is the JSON"),
+    (["--mem-fraction", "1.5"], "--mem-fraction must be in (0, 1], got 1.5"),
+    (["--chunked-prefill-size", "0"], "--chunked-prefill-size must be at least 1, or -1"),
+    (["--max-running-requests", "0"], "--max-running-requests must be at least 1, got 0"),
 ])
 def test_flags_that_cannot_go_together(argv, message, capsys):
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_without_matplotlib_output_file_fails_before_the_run(tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert main(["bench", *WORKLOAD, "--output-file", str(tmp_path / "r.json")]) == 2
+    captured = capsys.readouterr()
+    assert "--output-file also writes a PNG plot, which needs matplotlib: pip install matplotlib" in captured.err
+    assert "Benchmark Result" not in captured.out and not (tmp_path / "r.json").exists()
