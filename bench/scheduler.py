@@ -82,7 +82,7 @@ def main() -> None:
     detok_us = timed(detok_step, max(3, steps // 4))
 
     # baseline: the demo model's decode step for 256 requests through the engine (paged runner)
-    from dayzero.cache.paged import build_step
+    from dayzero.cache.step import SeqStep, build_step
 
     engine = LLM(max_num_seqs=n, max_num_batched_tokens=n * args.prompt_len, kv_cache_gib=1.0).engine
     decode = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
@@ -107,7 +107,8 @@ def main() -> None:
     starts = [engine.tracks[r].request.num_computed_tokens for r in rids]
     slots = [runner.slots[r] for r in rids]
     layout = runner.storage.layout
-    metadata_us = timed(lambda: build_step(tables, starts, 1, layout, kv.block_size, slots, "cpu"), steps)
+    seq_steps = [SeqStep(start, 1, table, slot, True, [1]) for start, table, slot in zip(starts, tables, slots)]
+    metadata_us = timed(lambda: build_step(seq_steps, layout, kv.block_size, "cpu"), steps)
 
     rows = [
         ("scheduler schedule + update", sched_us),

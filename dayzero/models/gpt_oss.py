@@ -146,8 +146,9 @@ class GptOssAttention(nn.Module):
         n = x.shape[0]
         qkv = ops.linear(x, self.qkv_weight, self.qkv_bias)
         q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q = ops.rope(qkv[:, :q_rows].view(n, self.heads, self.head_dim), cos, sin, interleaved=False)
-        k = ops.rope(qkv[:, q_rows:q_rows + kv_rows].view(n, self.kv_heads, self.head_dim), cos, sin, interleaved=False)
+        qk = ops.rope(qkv[:, :q_rows + kv_rows].view(n, self.heads + self.kv_heads, self.head_dim), cos, sin,
+                      interleaved=False)  # q and k heads in one call: the same rotation per position
+        q, k = qk[:, :self.heads], qk[:, self.heads:]
         v = qkv[:, q_rows + kv_rows:].view(n, self.kv_heads, self.head_dim)
         keys, values = cache.append("k", k, self.window), cache.append("v", v, self.window)
         out = ops.paged_gqa_attention(q, keys, values, cache.seqs, self.head_dim ** -0.5, self.window, self.sinks)
