@@ -30,7 +30,7 @@ from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param, mla_graph_blocker
-from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
+from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm, pre_norm_residuals
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.spec import DEEPSEEK_ROPE_THETA, AttentionSpec, ModelSpec
@@ -261,9 +261,10 @@ class DecoderLayer(nn.Module):
         else:
             self.mlp = MLP(fmts, prefix + "mlp.", spec.hidden_size, layer.mlp.intermediate_size, dtype, device)
 
-    def forward(self, x, cos, sin, layer_cache):
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, layer_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def blocks(self, cos, sin, layer_cache) -> list:
+        """The layer's two pre-norm blocks (models.layers.pre_norm_residuals)."""
+        return [(self.input_layernorm, lambda x: self.self_attn(x, cos, sin, layer_cache)),
+                (self.post_attention_layernorm, self.mlp)]
 
 
 @register_model
@@ -315,8 +316,7 @@ class DeepseekV3ForCausalLM(CausalLM):
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions)
         x = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache.layers[i])
+        x = pre_norm_residuals(x, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(cos, sin, c)])
         if cache.logits_indices is not None:
             x = x[cache.logits_indices]
         x = self.model.norm(x)

@@ -28,7 +28,7 @@ from dayzero import ops
 from dayzero.formats.mxfp4 import BLOCK_SIZE
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, empty_param
-from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.layers import Embedding, Linear, RMSNorm, pre_norm_residuals
 from dayzero.models.rotary import rope_from_config
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
@@ -45,8 +45,7 @@ def _gate_up_to_w13(t: torch.Tensor) -> torch.Tensor:
 class GptOssRMSNorm(RMSNorm):
     """gpt-oss scales by the weight in float32 and casts after (Llama casts before the scale)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps, weight_in_float32=True)
+    weight_in_float32 = True
 
 
 class GptOssExperts(nn.Module):
@@ -163,9 +162,10 @@ class GptOssDecoderLayer(nn.Module):
         self.post_attention_layernorm = GptOssRMSNorm(hidden, eps, dtype, device)
         self.mlp = mlp
 
-    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def blocks(self, cos: torch.Tensor, sin: torch.Tensor, cache) -> list:
+        """The layer's two pre-norm blocks (models.layers.pre_norm_residuals)."""
+        return [(self.input_layernorm, lambda x: self.self_attn(x, cos, sin, cache)),
+                (self.post_attention_layernorm, self.mlp)]
 
 
 class GptOssModel(nn.Module):
@@ -224,8 +224,7 @@ class GptOssForCausalLM(CausalLM):
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions)
         h = self.model.embed_tokens(input_ids)
-        for i, layer in enumerate(self.model.layers):
-            h = layer(h, cos, sin, cache.layers[i])
+        h = pre_norm_residuals(h, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(cos, sin, c)])
         if cache.logits_indices is not None:
             h = h[cache.logits_indices]
         h = self.model.norm(h)

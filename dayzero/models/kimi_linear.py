@@ -59,7 +59,7 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param, mla_graph_blocker
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
-from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
+from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm, pre_norm_residuals
 from dayzero.ops.k3 import SituActivation
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec
@@ -332,7 +332,7 @@ class MoE(nn.Module):
 
 class DecoderLayer(nn.Module):
     """attend: self_attn(input_layernorm(x)); feed_forward: MLP(post_attention_layernorm(h)). Plain
-    residuals in `forward`; with K3's attention residuals the model mixes the sublayer inputs."""
+    residuals through `blocks`; with K3's attention residuals the model mixes the sublayer inputs."""
 
     def __init__(self, spec: ModelSpec, index: int, eps: float, dtype, device):
         super().__init__()
@@ -359,9 +359,10 @@ class DecoderLayer(nn.Module):
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         return (self.block_sparse_moe if self.moe else self.mlp)(self.post_attention_layernorm(h))
 
-    def forward(self, x: torch.Tensor, layer_cache) -> torch.Tensor:
-        h = x + self.attend(x, layer_cache)
-        return h + self.feed_forward(h)
+    def blocks(self, layer_cache) -> list:
+        """The two plain pre-norm blocks (models.layers.pre_norm_residuals)."""
+        return [(self.input_layernorm, lambda x: self.self_attn(x, layer_cache)),
+                (self.post_attention_layernorm, self.block_sparse_moe if self.moe else self.mlp)]
 
 
 @register_model
@@ -411,8 +412,7 @@ class KimiLinearForCausalLM(CausalLM):
         """NoPE model: positions are not used (KDA's recurrence carries order)."""
         x = self.model.embed_tokens(input_ids)
         if self.attn_res_block is None:
-            for layer, layer_cache in zip(self.model.layers, cache.layers):
-                x = layer(x, layer_cache)
+            x = pre_norm_residuals(x, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(c)])
         else:  # Block Attention Residuals: token-local, nothing of it is cached (k3_parts.AttentionResidualState)
             state = AttentionResidualState(x, self.attn_res_block)
             for i, (layer, layer_cache) in enumerate(zip(self.model.layers, cache.layers)):

@@ -48,8 +48,26 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = empty_param((dim,), dtype, device)
 
+    weight_in_float32 = False  # gpt-oss scales in float32 and casts after (dayzero.ops.norm.rms_norm)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
+        return ops.rms_norm(x, self.weight, self.eps, weight_in_float32=self.weight_in_float32)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(residual + x), residual + x): a residual add and this norm in one op."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps, weight_in_float32=self.weight_in_float32)
+
+
+def pre_norm_residuals(h: torch.Tensor, blocks) -> torch.Tensor:
+    """The residual stream through pre-norm blocks, blocks = [(norm, fn), ...]: h = h + fn(norm(h)) for
+    each in order, every add fused with the norm after it (RMSNorm.add: one op, not two)."""
+    x = blocks[0][0](h)
+    for i, (_, fn) in enumerate(blocks):
+        y = fn(x)
+        if i + 1 == len(blocks):
+            return h + y
+        x, h = blocks[i + 1][0].add(y, h)
+    return h
 
 
 class Embedding(nn.Module):

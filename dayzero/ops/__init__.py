@@ -7,7 +7,7 @@ Importing this package defines the built-in ops in `REGISTRY`. Call an op like a
 from typing import Iterable
 
 from dayzero.ops.registry import REGISTRY, Registry, reference_op
-from dayzero.ops.norm import layer_norm, rms_norm
+from dayzero.ops.norm import add_rms_norm, layer_norm, rms_norm
 from dayzero.ops.rope import rope
 from dayzero.ops.activation import swiglu, swiglu_clamped
 from dayzero.ops.embedding import embedding

@@ -24,6 +24,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, weight_in
     return weight * normed.to(x.dtype)
 
 
+@reference_op("add_rms_norm")
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                 weight_in_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's residual add and the next norm in one op: s = residual + x (in x.dtype, as the
+    unfused add rounds it), returns (rms_norm(s, weight, eps, weight_in_float32), s)."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm: residual {residual.dtype} {tuple(residual.shape)} must match x "
+                         f"{x.dtype} {tuple(x.shape)}")
+    summed = residual + x
+    return rms_norm(summed, weight, eps, weight_in_float32), summed
+
+
 @reference_op("layer_norm")
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5) -> torch.Tensor:
     """LayerNorm over the last dim, computed in float32 and returned in x.dtype."""

@@ -13,6 +13,7 @@ from dayzero.spec import LayerSpec, ModelSpec
 
 # norms
 RMS_NORM = "rms_norm"
+ADD_RMS_NORM = "add_rms_norm"  # a plain residual add fused with the norm after it
 LAYER_NORM = "layer_norm"
 GATED_RMS_NORM = "gated_rms_norm"
 # position
@@ -55,7 +56,7 @@ ATTENTION_RESIDUAL = "attention_residual"
 VISION_ENCODER = "vision_encoder"
 
 ALL_OPS = (
-    RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
+    RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
     MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
     SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
@@ -119,6 +120,8 @@ def required_ops(layer: LayerSpec) -> list[str]:
         ops += [HYPER_CONNECTION, HYPER_CONNECTION_POST]
     elif layer.cross_layer == "attention_residual":
         ops.append(ATTENTION_RESIDUAL)
+    else:  # plain pre-norm residuals: each add fused with the next norm
+        ops.append(ADD_RMS_NORM)
     return list(dict.fromkeys(ops))
 
 

@@ -1,4 +1,4 @@
-"""The per-token layer kernels (dayzero/kernels/token/: rms_norm, rope) against their reference ops,
+"""The per-token layer kernels (dayzero/kernels/token/: rms_norm, add_rms_norm, rope) against their reference ops,
 on CPU under Triton's interpreter (small shapes, seeded random sizes) and on CUDA (model shapes,
 through the registry)."""
 
@@ -43,6 +43,37 @@ def test_rms_norm_interpreted(seed, dtype, weight_in_float32):
 
 
 @interpreter
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("weight_in_float32", [False, True])
+def test_add_rms_norm_interpreted(seed, dtype, weight_in_float32):
+    """The sum within an ulp of the unfused add's (Triton's interpreter rounds float32 -> bf16 its own
+    way; on CUDA the sum is bitwise the add's, test_add_rms_norm_cuda), the norm within an ulp."""
+    from dayzero.kernels.token import _rms_norm
+
+    rng = random.Random(50 + seed)
+    g = torch.Generator().manual_seed(seed)
+    d, rows = rng.choice((16, 48, 100, 128)), rng.randint(1, 9)
+    x = (torch.randn(rows, 2, d, generator=g) * rng.choice((0.01, 1.0, 30.0))).to(dtype)
+    r = (torch.randn(rows, 2, d, generator=g) * 10).to(dtype)
+    w = (1 + 0.3 * torch.randn(d, generator=g)).to(dtype)
+    normed, summed = _rms_norm.rms_norm(x, w, 1e-5, weight_in_float32, r)
+    want_normed, want_summed = _ref("add_rms_norm", x, r, w, 1e-5, weight_in_float32)
+    _close(summed, want_summed, dtype)
+    _close(normed, want_normed, dtype)
+
+
+def test_add_rms_norm_reference_is_the_add_then_the_norm():
+    g = torch.Generator().manual_seed(0)
+    x, r = torch.randn(3, 8, generator=g).bfloat16(), torch.randn(3, 8, generator=g).bfloat16()
+    w = torch.rand(8, generator=g).bfloat16()
+    normed, summed = ops.add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(summed, r + x) and torch.equal(normed, ops.rms_norm(r + x, w, 1e-6))
+    with pytest.raises(ValueError, match="residual"):
+        ops.add_rms_norm(x, r[:2], w, 1e-6)
+
+
+@interpreter
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_rope_interpreted(seed, interleaved):
@@ -71,6 +102,21 @@ def test_rms_norm_cuda(d, weight_in_float32):
         got = ops.rms_norm(x, w, 1e-5, weight_in_float32=weight_in_float32)
     assert calls == {"rms_norm@triton": 1}
     _close(got, _ref("rms_norm", x, w, 1e-5, weight_in_float32), torch.bfloat16)
+
+
+@cuda
+@pytest.mark.parametrize("d", [64, 2880, 7168])
+@pytest.mark.parametrize("weight_in_float32", [False, True])
+def test_add_rms_norm_cuda(d, weight_in_float32):
+    x = torch.randn(257, d, device="cuda", dtype=torch.bfloat16) * 3
+    r = torch.randn(257, d, device="cuda", dtype=torch.bfloat16) * 30
+    w = (1 + 0.3 * torch.randn(d, device="cuda")).bfloat16()
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        normed, summed = ops.add_rms_norm(x, r, w, 1e-5, weight_in_float32=weight_in_float32)
+    assert calls == {"add_rms_norm@triton": 1}
+    want_normed, want_summed = _ref("add_rms_norm", x, r, w, 1e-5, weight_in_float32)
+    assert torch.equal(summed, want_summed)
+    _close(normed, want_normed, torch.bfloat16)
 
 
 @cuda

@@ -1,4 +1,4 @@
-"""Per-token layer kernels: rms_norm and rope on CUDA, one launch each (the references take several
+"""Per-token layer kernels: rms_norm, add_rms_norm and rope on CUDA, one launch each (the references take several
 PyTorch ops, and at decode a step's host time is mostly launches).
 
 Importing this package registers the "triton" kernels; Triton is imported at the first call. Each
@@ -28,6 +28,11 @@ def supports_rms_norm(x, weight, eps=1e-6, weight_in_float32=False) -> bool:
             and weight.is_contiguous() and _rows_viewable(x))
 
 
+def supports_add_rms_norm(x, residual, weight, eps=1e-6, weight_in_float32=False) -> bool:
+    return (supports_rms_norm(x, weight, eps, weight_in_float32) and residual.shape == x.shape
+            and residual.dtype == x.dtype and residual.is_cuda and residual.stride(-1) == 1 and _rows_viewable(residual))
+
+
 def supports_rope(x, cos, sin, interleaved) -> bool:
     return (x.is_cuda and x.dtype in DTYPES and x.dim() in (2, 3) and x.shape[0] > 0 and x.stride(-1) == 1
             and cos.dtype == torch.float32 and sin.dtype == torch.float32 and cos.dim() == 2
@@ -50,6 +55,12 @@ def rms_norm(x, weight, eps=1e-6, weight_in_float32=False):
     return _rms_norm.rms_norm(x, weight, eps, weight_in_float32)
 
 
+def add_rms_norm(x, residual, weight, eps=1e-6, weight_in_float32=False):
+    from dayzero.kernels.token import _rms_norm
+
+    return _rms_norm.rms_norm(x, weight, eps, weight_in_float32, residual)
+
+
 def rope(x, cos, sin, interleaved):
     from dayzero.kernels.token import _rope
 
@@ -58,5 +69,7 @@ def rope(x, cos, sin, interleaved):
 
 REGISTRY.register_kernel("rms_norm", rms_norm, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_rms_norm)
+REGISTRY.register_kernel("add_rms_norm", add_rms_norm, backend="triton", devices=["cuda"], priority=PRIORITY,
+                         available=triton_cuda, supports=supports_add_rms_norm)
 REGISTRY.register_kernel("rope", rope, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_rope)
