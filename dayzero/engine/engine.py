@@ -26,7 +26,7 @@ from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
 from dayzero.cache.paged import PagedKVStorage, checked_layout
 from dayzero.cache.snapshots import SnapshotCache
-from dayzero.engine.graphs import DecodeGraphs
+from dayzero.engine.graphs import DecodeGraphs, GraphCaptureError
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
 from dayzero.engine.scheduler import Scheduler
@@ -112,9 +112,13 @@ class Engine:
         if cuda_graphs and model.device_.type == "cuda":
             blocker = model.cuda_graph_blocker(self.max_model_len)
             if blocker is None:
-                self.runner.graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
-                                                  progress=progress)
-            else:
+                try:
+                    self.runner.graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
+                                                      progress=progress)
+                except GraphCaptureError as e:
+                    blocker = str(e)
+                    torch.cuda.synchronize(model.device_)
+            if blocker is not None:
                 log.info("%s: decode steps run eagerly, without CUDA graphs: %s", model.spec.model_type, blocker)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)

@@ -14,9 +14,15 @@ and tiles; the kernels read the real lengths from the device buffers, so a repla
 lengths (dayzero.kernels.attention.gqa_choose). The MoE layer's own per-layer graphs stand aside
 while a whole-step graph is captured (dayzero.kernels.moe._graphs).
 
-Which models can be captured is the model's to say (`CausalLM.cuda_graph_blocker`): a forward whose
-launches depend on host values other than the batch size (DSA's per-sequence reference ops,
-DeepSeek-V4's compressed entries) names why and runs eagerly; the engine logs that once.
+Which models can be captured: a model names what stops its decode step from being captured
+(`CausalLM.cuda_graph_blocker`: DSA past index_topk, DeepSeek-V4's compressed entries) and then runs
+eagerly. Beyond that, capture itself decides: reference ops are the specification, not written for
+capture (they check values on the host, loop over the sequences' host lengths, make data-dependent
+shapes), so a capture during which an op ran its reference where it reads the sequences' host
+lengths (`HOST_LENGTH_OPS`: a captured replay would read the capture's lengths, not the step's) or
+which raised (a host synchronisation, a pageable copy) is abandoned, and decode runs eagerly
+(`GraphCaptureError`; the engine logs the reason once). Kernels chosen on the GPU (bf16 MoE and
+MLA, paged GQA, the per-token kernels) capture.
 
 `DecodeGraphs(capture=False)` runs the same padded static step eagerly instead (on the CPU, where
 there are no graphs): the tests use it to check the padding and the fixed buffers against the
@@ -33,8 +39,17 @@ import torch
 from dayzero.cache.paged import PagedKVStorage, PagedStepCache
 from dayzero.cache.static_step import StaticStep
 from dayzero.cache.step import SeqStep
+from dayzero.ops.registry import REFERENCE, REGISTRY
 
 log = logging.getLogger("dayzero")
+
+# Reference ops that loop over a step's sequences with the SeqBatch host lengths: captured, a replay
+# would run the capture's lengths, whatever the step's are.
+HOST_LENGTH_OPS = ("paged_gqa_attention", "paged_mla_attention", "paged_sparse_mla_attention", "paged_index_topk")
+
+
+class GraphCaptureError(RuntimeError):
+    """The decode step cannot be captured; the message says which op or error stopped it."""
 
 
 def graph_buckets(max_num_seqs: int) -> list[int]:
@@ -112,8 +127,16 @@ class DecodeGraphs:
                     self._forward(meta)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self._forward(meta)
+            try:
+                with REGISTRY.record_calls(by_backend=True) as calls, torch.cuda.graph(graph, pool=pool):
+                    out = self._forward(meta)
+            except Exception as e:  # an op that cannot run under capture: a host sync, a pageable copy
+                raise GraphCaptureError(f"capturing batch {b} failed: {type(e).__name__}: "
+                                        f"{str(e).splitlines()[0]}") from e
+            host = sorted(op for op in HOST_LENGTH_OPS if f"{op}@{REFERENCE}" in calls)
+            if host:
+                raise GraphCaptureError(f"{', '.join(host)} ran the reference op, which loops over the sequences' "
+                                        "host lengths (no kernel takes these inputs: dtype or shapes)")
             self.graphs[b], self.outputs[b] = graph, out
         torch.cuda.synchronize(device)
         self.capture_seconds = time.perf_counter() - start

@@ -61,9 +61,12 @@ def quantize_activation_groups(
     group: int = 128,
     scale_format: str = "float32",
     scale_dtype: torch.dtype = torch.float32,
+    check_finite: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (x_fp8 float8_e4m3fn [..., K], scales [..., ceil(K/group)]), one scale per 1 x group."""
-    _check_input(x, "x", min_ndim=1)
+    """x [..., K] -> (x_fp8 float8_e4m3fn [..., K], scales [..., ceil(K/group)]), one scale per 1 x group.
+    check_finite=False skips the NaN/Inf check (a host synchronisation): the engine's FP8 KV cache
+    writes, whose inputs the model computed, inside a step that must not synchronise."""
+    _check_input(x, "x", min_ndim=1, check_finite=check_finite)
     x_fp8, scales = _quantize_blocks(x.unsqueeze(-2), (1, group), scale_format, scale_dtype)
     return x_fp8.squeeze(-2), scales.squeeze(-2)
 
@@ -150,12 +153,12 @@ def _check_block(block: tuple[int, int]) -> None:
         raise ValueError(f"block must be two positive ints (rows, cols), got {block}")
 
 
-def _check_input(x: torch.Tensor, name: str, min_ndim: int) -> None:
+def _check_input(x: torch.Tensor, name: str, min_ndim: int, check_finite: bool = True) -> None:
     if not x.dtype.is_floating_point or x.dtype == FP8_DTYPE:
         raise ValueError(f"{name} must be a float32/bfloat16/float16 tensor, got {x.dtype} with shape {tuple(x.shape)}")
     if x.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dims, got shape {tuple(x.shape)}")
-    if not torch.isfinite(x).all():
+    if check_finite and not torch.isfinite(x).all():
         raise ValueError(
             f"{name} {tuple(x.shape)} contains {int((~torch.isfinite(x)).sum())} NaN/Inf value(s); "
             "FP8 block quantization needs finite inputs"

@@ -143,10 +143,3 @@ class CausalLM(nn.Module):
         if cache is not None and cache.batch != input_ids.shape[0]:
             raise ValueError(f"cache was made for batch {cache.batch}, input has batch {input_ids.shape[0]}")
 
-
-def mla_graph_blocker(dtype: torch.dtype) -> str | None:
-    """MLA's kernels take bf16 / fp16 queries; float32 runs the reference op, which loops over the
-    sequences with their host lengths (not capturable)."""
-    if dtype == torch.float32:
-        return "float32 MLA runs the reference op, which loops over the sequences on the host; bf16 captures"
-    return None

@@ -29,7 +29,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param, mla_graph_blocker
+from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm, pre_norm_residuals
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -311,7 +311,7 @@ class DeepseekV3ForCausalLM(CausalLM):
         if topk is not None and max_model_len > topk:
             return (f"DSA (index_topk {topk} < max_model_len {max_model_len}) runs reference ops whose launches depend "
                     "on the sequences' lengths")
-        return mla_graph_blocker(self.dtype)
+        return None
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions)

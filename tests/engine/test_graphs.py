@@ -121,7 +121,7 @@ def test_models_say_whether_their_decode_step_captures(tmp_path):
     assert "compressed entries" in v4.model.cuda_graph_blocker(128)
     v32 = LLM(FAMILIES["deepseek_v32"][0](tmp_path), dtype="float32")
     topk = v32.model.model.layers[0].self_attn.indexer.topk
-    assert "float32 MLA" in v32.model.cuda_graph_blocker(topk)  # bf16 MLA runs kernels that capture
+    assert v32.model.cuda_graph_blocker(topk) is None
     assert "index_topk" in v32.model.cuda_graph_blocker(topk + 1)
     gpt_oss = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32")
     assert gpt_oss.model.cuda_graph_blocker(1 << 20) is None
@@ -151,17 +151,26 @@ def _check_every_graph_step_against_eager(llm, rel_tol):
     return errors
 
 
+# the tiny checkpoints whose every decode op has a kernel that captures (bf16); the Kimi ones' experts
+# run the reference MoE op (their tiny shapes or activation are not the kernels'), so capture falls back
+MUST_CAPTURE = {"deepseek_v3", "deepseek_v32", "gpt_oss"}
+
+
 @cuda
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path):
-    """bf16 (the MLA kernels' dtype): each decode step's logits from the graph against the same step
-    run eagerly right after; batches of 5 (bucket 6, one padding row) then 3 (bucket 4)."""
+def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path, caplog):
+    """bf16: each decode step's logits from the graph against the same step run eagerly right after;
+    batches of 5 (bucket 6, one padding row) then 3 (bucket 4). A model whose capture fails runs
+    eagerly and the log says why."""
     path = CASES[name](tmp_path)
     kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=6)
     if name == "deepseek_v32":
         kwargs["max_model_len"] = 8  # no longer than index_topk: dense MLA, which captures
-    llm = LLM(path, **kwargs)
-    assert llm.runner.graphs is not None, name
+    with caplog.at_level("INFO", logger="dayzero"):
+        llm = LLM(path, **kwargs)
+    if llm.runner.graphs is None:
+        assert name not in MUST_CAPTURE and "without CUDA graphs" in caplog.text, caplog.text
+        return
     errors = _check_every_graph_step_against_eager(llm, 2e-2)
     lengths = [3, 5, 4, 2, 6] if name == "deepseek_v32" else [3, 17, 9, 30, 5]
     params = SamplingParams(max_tokens=2 if name == "deepseek_v32" else 7, temperature=0.0, ignore_eos=True)
@@ -172,21 +181,28 @@ def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path)
 
 
 @cuda
-def test_graph_replays_give_the_eager_steps_tokens_and_a_blocked_family_runs_eagerly(tmp_path, caplog):
-    """float32 gpt-oss (its GQA kernels take float32): greedy tokens of 10 requests, graphs on and off,
-    and each step's logits within float32 noise."""
+def test_graph_replays_give_the_eager_steps_tokens_and_uncapturable_steps_run_eagerly(tmp_path, caplog):
+    """bf16 gpt-oss: greedy tokens of 10 requests with graphs on and off (the replays' split counts
+    differ from the eager step's, so bf16 sums may round apart: nearly all tokens agree) and each
+    replay's logits against the same step eagerly; float32 gpt-oss (its experts run the reference
+    MoE op, which checks ids on the host) and DeepSeek-V4 (declared) run eagerly, saying why."""
     path = FAMILIES["gpt_oss"][0](tmp_path)
-    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=16)
+    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=16)
     eager, graphs = LLM(path, cuda_graphs=False, **kwargs), LLM(path, **kwargs)
-    assert eager.runner.graphs is None
+    assert eager.runner.graphs is None and graphs.runner.graphs is not None
     prompts = _prompts(eager.vocab_size, [3, 17, 9, 30, 5, 40, 12, 8, 20, 11])
-    errors = _check_every_graph_step_against_eager(graphs, 1e-4)
-    tokens, logprobs = _run(eager, prompts)
-    got_tokens, got_logprobs = _run(graphs, prompts)
-    assert got_tokens == tokens
-    np.testing.assert_allclose(got_logprobs, logprobs, rtol=1e-4, atol=1e-4)
-    assert graphs.runner.num_graph_steps >= PARAMS.max_tokens - 2 and len(errors) == graphs.runner.num_graph_steps
+    errors = _check_every_graph_step_against_eager(graphs, 2e-2)
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    want = [o.token_ids for o in eager.generate(prompts, params)]
+    got = [o.token_ids for o in graphs.generate(prompts, params)]
+    same = sum(a == b for x, y in zip(got, want) for a, b in zip(x, y))
+    assert same >= 0.9 * 120, (same, got, want)
+    assert graphs.runner.num_graph_steps >= 10 and len(errors) == graphs.runner.num_graph_steps
     _assert_pool_free(graphs)
     with caplog.at_level("INFO", logger="dayzero"):
+        f32 = LLM(path, dtype="float32", device="cuda")
         v4 = LLM(FAMILIES["deepseek_v4"][0](tmp_path), dtype="bfloat16", device="cuda")
-    assert v4.runner.graphs is None and "without CUDA graphs" in caplog.text
+    assert f32.runner.graphs is None and "capturing batch" in caplog.text
+    assert v4.runner.graphs is None and "compressed entries" in caplog.text
+    assert [o.token_ids for o in f32.generate(prompts[:2], params)] == [
+        o.token_ids for o in LLM(path, dtype="float32", device="cuda", cuda_graphs=False).generate(prompts[:2], params)]
