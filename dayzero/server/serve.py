@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-import time
 from pathlib import Path
 
 GRACEFUL_SHUTDOWN_S = 30
@@ -35,7 +34,6 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         raise ValueError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
     sock = bind(args.host, args.port)
     try:
-        started = time.perf_counter()
         llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests,
                   max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
                   max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
@@ -43,8 +41,8 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
                   fp8_workspace_gib=args.fp8_workspace_gib,
                   seed=args.seed, progress=True)
         pool = llm.scheduler.kv.pool
-        print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} "
-              f"tokens, KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
+        print(f"[dayzero] loaded {model_dir}; context {llm.max_model_len} tokens, KV pool {pool.num_blocks} blocks "
+              f"of {llm.scheduler.kv.block_size} tokens; {llm.startup.summary()}", file=sys.stderr)
         config = ServerConfig(
             served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
             max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
