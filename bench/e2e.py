@@ -67,14 +67,18 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
 
 
-def dayzero_numbers(path: Path, args, vocab: int) -> dict:
+def dayzero_numbers(path: Path, args, vocab: int, cuda_graphs: bool, ttft: list[int]) -> dict:
     from dayzero import LLM, SamplingParams
 
-    longest = max(args.ttft, default=0)
+    longest = max(ttft, default=0)
+    t0 = time.perf_counter()
     llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=64, max_num_batched_tokens=args.budget,
-              max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib, enable_prefix_caching=False)
+              max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib, enable_prefix_caching=False,
+              cuda_graphs=cuda_graphs)
     engine = llm.engine
-    out: dict = {}
+    out: dict = {"start_s": time.perf_counter() - t0}
+    if llm.runner.graphs is not None:
+        out["capture_s"] = llm.runner.graphs.capture_seconds
 
     def run(prompts, max_tokens):
         """Add the requests; (seconds until every request has its first token, [decode step seconds])."""
@@ -107,7 +111,7 @@ def dayzero_numbers(path: Path, args, vocab: int) -> dict:
         prefill, steps = run(prompts, args.steps + 1)
         out[f"decode_b{batch}"] = statistics.median(steps)
         out[f"prefill_{batch}x128"] = prefill
-    for length in args.ttft:
+    for length in ttft:
         run(_prompts(1, length, vocab, seed=7), 1)  # warm-up at the same length (kernels compiled)
         out[f"ttft_{length}"] = run(_prompts(1, length, vocab, seed=length), 1)[0]
     tokens = _prompts(1, 128, vocab, seed=1)[0]
@@ -158,6 +162,8 @@ def main() -> None:
     ap.add_argument("--ttft", type=int, nargs="*", default=[4096, 16384, 32768])
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)")
     ap.add_argument("--kv-gib", type=float, default=16.0)
+    ap.add_argument("--modes", nargs="+", choices=["graphs", "eager"], default=["graphs", "eager"],
+                    help="dayzero with decode CUDA graphs and/or eagerly (TTFT: the first mode only)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.quick:
@@ -173,8 +179,11 @@ def main() -> None:
     copy, flops = copy_bandwidth(), matmul_rate()
     torch.cuda.empty_cache()
     print(f"ceilings: copy {copy / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
-    ours = dayzero_numbers(args.model, args, config["vocab_size"])
-    print(f"dayzero: {ours}", flush=True)
+    runs = {}
+    for i, mode in enumerate(args.modes):
+        runs[mode] = dayzero_numbers(args.model, args, config["vocab_size"], mode == "graphs", args.ttft if i == 0 else [])
+        print(f"dayzero ({mode}): {runs[mode]}", flush=True)
+    ours = runs[args.modes[0]]
     theirs = {} if args.no_transformers else transformers_numbers(args.model, args, config["vocab_size"])
     if theirs:
         print(f"transformers: {theirs}", flush=True)
@@ -184,17 +193,27 @@ def main() -> None:
         roof[f"ttft_{length}"] = shapes.prefill_flops(length, 1) / flops
     rows = [k for k in ("decode_b1", "decode_b64", "prefill_1x128", "prefill_64x128") if k in ours]
     rows += [f"ttft_{n}" for n in args.ttft]
-    print(f"\n{'what':16} {'dayzero':>10} {'transformers':>13} {'roofline':>10} {'roof/ours':>10} {'hf/ours':>8}")
+    print(f"\n{'what':16} {'mode':7} {'dayzero':>10} {'transformers':>13} {'roofline':>10} {'roof/ours':>10} {'hf/ours':>8}")
     for k in rows:
         hf = theirs.get(k)
-        print(f"{k:16} {ours[k] * 1e3:9.2f}ms {'' if hf is None else f'{hf * 1e3:11.2f}ms':>13} {roof[k] * 1e3:8.2f}ms "
-              f"{roof[k] / ours[k]:10.2f} {'' if hf is None else f'{hf / ours[k]:8.1f}'}")
+        for mode, r in runs.items():
+            if k not in r:
+                continue
+            print(f"{k:16} {mode:7} {r[k] * 1e3:9.2f}ms {'' if hf is None else f'{hf * 1e3:11.2f}ms':>13} "
+                  f"{roof[k] * 1e3:8.2f}ms {roof[k] / r[k]:10.2f} {'' if hf is None else f'{hf / r[k]:8.1f}'}")
+    for mode, r in runs.items():
+        print(f"dayzero ({mode}) engine start {r['start_s']:.1f} s" +
+              (f", graph capture {r['capture_s']:.1f} s" if "capture_s" in r else ""))
     if theirs:
         same = sum(a == b for a, b in zip(ours["greedy_tokens"], theirs["greedy_tokens"]))
         print(f"greedy tokens agreeing with transformers (bf16, first 16): {same}/16")
+    if len(runs) == 2:
+        a, b = runs.values()
+        same = sum(x == y for x, y in zip(a["greedy_tokens"], b["greedy_tokens"]))
+        print(f"greedy tokens agreeing between {' and '.join(runs)} (first 16): {same}/16")
     print(f"dayzero peak GPU memory {ours['peak_gib']:.1f} GiB")
     if args.json:
-        args.json.write_text(json.dumps({"dayzero": ours, "transformers": theirs, "roofline_s": roof,
+        args.json.write_text(json.dumps({"dayzero": runs, "transformers": theirs, "roofline_s": roof,
                                          "copy_Bps": copy, "bf16_flops": flops}, indent=1))
 
 

@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from dayzero.engine_args import add_engine_arguments
 from dayzero.model_path import checkpoint_dir, config_file
 from dayzero.server.serve import DEMO_SERVED_NAME
 
@@ -99,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop or [],
                             ignore_eos=args.ignore_eos)
-    llm = LLM(model_dir, device=args.device, dtype=args.dtype)
+    llm = LLM(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
     prompt = args.prompt
     if args.chat:
         prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
@@ -117,6 +118,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(args, _model_dir(args.model, note=True))
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dayzero.bench.command import bench
+
+    return bench(args, _model_dir(args.model))
+
+
 def cmd_ops(args: argparse.Namespace) -> int:
     from dayzero.ops import coverage_table
 
@@ -124,10 +131,21 @@ def cmd_ops(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse's "invalid int value" for text that is not a number
+    return parse
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
 
 
@@ -152,9 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model_arguments(p, "checkpoint directory, or its config file (any name: only the config is read)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--gpus", type=_positive_int, default=1, help="GPUs to plan for (default 1)")
+    p.add_argument("--gpus", type=_at_least(1), default=1, help="GPUs to plan for (default 1)")
     p.add_argument("--gpu-mem-gib", type=float, default=None, help="memory per GPU in GiB (default: H200, 141)")
-    p.add_argument("--context", type=_positive_int, default=None, help="context length to size the KV cache for")
+    p.add_argument("--context", type=_at_least(1), default=None, help="context length to size the KV cache for")
     p.add_argument("--load", action="store_true", help="also read every tensor back from disk, validating the files")
     p.add_argument("--device", default="cpu", help="device to load tensors to with --load (default cpu)")
     p.set_defaults(func=cmd_inspect)
@@ -202,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",
+                   help="run every step eagerly (default on CUDA: decode steps replay captured CUDA graphs)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser(
@@ -217,29 +237,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000, help="port (default 30000)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (except /health, /metrics)")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: the checkpoint dir name)")
-    p.add_argument("--max-running-requests", type=int, default=16, help="sequences decoded together (default 16)")
     p.add_argument("--max-queued-requests", type=int, default=256,
                    help="sequences waiting beyond the running ones before new requests get 503 (default 256)")
-    p.add_argument("--chunked-prefill-size", type=int, default=2048,
-                   help="tokens per engine step, prefill chunks included (default 2048; -1 = the context length)")
-    p.add_argument("--mem-fraction", "--mem-fraction-static", dest="mem_fraction", type=float, default=None,
-                   help="fraction of the device's memory (RAM on CPU) for weights + KV cache; sizes the KV "
-                   "block pool (default: room for every running request at full context)")
-    p.add_argument("--kv-cache-gib", type=float, default=None,
-                   help="KV cache size in GiB (overrides --mem-fraction)")
-    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3"], default="auto",
-                   help="KV cache entries in the model's dtype (auto) or FP8 E4M3 with a scale per 128 values")
-    p.add_argument("--fp8-workspace-gib", type=float, default=None,
-                   help="cross-layer FP8 expert workspace of MXFP4 models on CUDA (default: one layer's experts)")
-    p.add_argument("--disable-prefix-caching", action="store_true",
-                   help="do not reuse the KV blocks (and saved states) of earlier requests' prefixes")
-    p.add_argument("--max-model-len", "--context-length", dest="max_model_len", type=int, default=None,
-                   help="context length to serve (default: the model's, at most 8192)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    add_engine_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="global seed for requests without their own")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser(
+        "bench",
+        help="throughput and latency over a random workload, offline or against a server (--url)",
+        description="Offline throughput and latency of the engine over NUM_PROMPTS requests of random token ids "
+        "(seeded: nothing is downloaded), each generating OUTPUT_LEN tokens greedily, at every --max-concurrency "
+        "level; prints request and token throughput, TTFT, TPOT and inter-token latency (mean, median, p99) and "
+        "peak memory as sglang.bench_serving / vllm bench serve do. --output-file writes the JSON and a PNG "
+        "beside it; --vs transformers runs the same requests through transformers' generate and prints the "
+        "ratio; --url benchmarks a running OpenAI-compatible server (dayzero serve, vLLM, SGLang) instead. "
+        "Without MODEL, the demo checkpoint (with --url, MODEL only gives the vocabulary the ids are drawn from).",
+    )
+    _add_model_arguments(p, "checkpoint directory")
+    p.add_argument("--num-prompts", type=_at_least(1), default=64, help="requests in the workload (default 64)")
+    p.add_argument("--input-len", type=_at_least(1), default=128, help="prompt tokens per request (default 128)")
+    p.add_argument("--output-len", type=_at_least(1), default=128, help="output tokens per request (default 128)")
+    p.add_argument("--random-range-ratio", type=_ratio, default=0.0,
+                   help="spread lengths uniformly over [L*(1-R), L*(1+R)], as vLLM's random dataset (default 0: "
+                   "every request exactly --input-len / --output-len)")
+    p.add_argument("--max-concurrency", type=_at_least(1), nargs="+", default=None, metavar="N",
+                   help="requests in flight at most; several values run one after another (a sweep) "
+                   "(default: every request at once)")
+    p.add_argument("--num-warmups", type=_at_least(0), default=None,
+                   help="warm-up requests before each level, not timed (default: as many as the level runs at once)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the workload and the engine (default 0)")
+    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                   help="generate past EOS, so every request reaches --output-len (default on)")
+    p.add_argument("--output-file", default=None, metavar="JSON",
+                   help="write the results as JSON here and a plot (throughput and latency against concurrency) "
+                   "to the same stem .png (needs matplotlib)")
+    p.add_argument("--vs", choices=["transformers"], default=None,
+                   help="also run the same requests through transformers' generate in this process and print "
+                   "the ratio of output tokens/s")
+    p.add_argument("--url", default=None,
+                   help="benchmark the OpenAI-compatible server at URL (streaming /v1/completions) instead of "
+                   "the engine in this process")
+    p.add_argument("--api-key", default=None, help="with --url: sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
+    add_engine_arguments(p, max_running_requests=None,
+                         running_help="sequences decoded together (default: the largest --max-concurrency, or "
+                         "--num-prompts)")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("ops", help="the operator library's coverage: op x backend")
     p.set_defaults(func=cmd_ops)

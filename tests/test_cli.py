@@ -90,7 +90,7 @@ def test_every_readme_command_parses():
     from dayzero.cli import build_parser
 
     commands = [argv[1:] for argv in shell_commands() if argv[0] == "dayzero"]
-    assert {argv[0] for argv in commands} >= {"verify", "generate", "serve", "inspect"}
+    assert {argv[0] for argv in commands} >= {"verify", "generate", "serve", "bench", "inspect"}
     for argv in commands:
         build_parser().parse_args(argv)
     tests = [argv for argv in shell_commands("Quick start") if argv[:3] == ["python", "-m", "pytest"]]
@@ -128,7 +128,7 @@ def test_context_and_gpus_must_be_positive(tmp_path, capsys):
         memory_plan(load_spec(tmp_path), context=-5)
 
 
-@pytest.mark.parametrize("command", ["inspect", "verify", "generate", "serve"])
+@pytest.mark.parametrize("command", ["inspect", "verify", "generate", "serve", "bench"])
 def test_every_command_takes_the_model_positionally_or_as_an_option(command, capsys):
     for argv in ([command, "/nonexistent/model"], [command, "--model", "/nonexistent/model"],
                  [command, "--model-path", "/nonexistent/model"]):

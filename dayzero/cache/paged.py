@@ -20,6 +20,10 @@ Layout
   read back in the model's dtype, so attention sees the FP8-rounded keys, its own included.
 - States live in `num_state_slots` request slots followed by `num_snapshots` snapshot slots:
   `states[layer, name]` is [num_state_slots + num_snapshots, *shape].
+- With `scratch=True` (the engine's storage) every arena has one more page than its pool hands out,
+  `scratch_pages[g]`, and the states one more slot, `scratch_slot`: where the padding sequences of a
+  CUDA-graph decode step (dayzero.cache.static_step) write and read, so they never touch a request's
+  cache.
 
 A step's metadata (`dayzero.cache.step.StepMetadata`, built by the runner in one transfer) carries
 the packed batch (SeqBatch), the block table of every cache group and where each new entry goes.
@@ -105,10 +109,12 @@ class PagedKVStorage:
     """The arenas and the state slots (module docstring). Zero-filled: unread memory is finite."""
 
     def __init__(self, layout: CacheLayout, num_blocks: list[int], block_size: int, num_state_slots: int,
-                 num_snapshots: int, device: torch.device):
+                 num_snapshots: int, device: torch.device, scratch: bool = False):
         self.layout, self.num_blocks, self.block_size = layout, list(num_blocks), block_size
         self.page_bytes = layout.page_bytes(block_size)
-        self.arenas = [torch.zeros((n, p), dtype=torch.uint8, device=device) for n, p in zip(num_blocks, self.page_bytes)]
+        self.scratch_pages = list(num_blocks) if scratch else None  # the page past each pool's last
+        pages = [n + int(scratch) for n in num_blocks]
+        self.arenas = [torch.zeros((n, p), dtype=torch.uint8, device=device) for n, p in zip(pages, self.page_bytes)]
         self.specs: dict[tuple[int, str], StreamSpec] = {}
         self.group: dict[tuple[int, str], int] = {}
         self.streams: dict[tuple[int, str], torch.Tensor] = {}
@@ -122,7 +128,7 @@ class PagedKVStorage:
                 n = per_block * torch.Size(shape).numel() * torch.tensor([], dtype=dtype).element_size()
                 raw = self.arenas[g][:, offsets[g]:offsets[g] + n]
                 offsets[g] += align_up(n)
-                return raw.view(dtype).view(num_blocks[g], per_block, *shape)
+                return raw.view(dtype).view(pages[g], per_block, *shape)
 
             if s.fp8:
                 self.streams[s.layer, s.name] = carve(s.shape, torch.float8_e4m3fn)
@@ -134,6 +140,8 @@ class PagedKVStorage:
             raise RuntimeError(f"carved {offsets} bytes per page, CacheLayout.page_bytes says {self.page_bytes}")
         self.num_state_slots, self.num_snapshots = num_state_slots, num_snapshots
         slots = num_state_slots + num_snapshots
+        self.scratch_slot = slots if scratch else None
+        slots += int(scratch)
         self.states = {(s.layer, s.name): torch.zeros((slots, *s.shape), dtype=s.dtype, device=device)
                        for s in layout.states}
 

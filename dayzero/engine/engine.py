@@ -12,6 +12,7 @@ request's blocks at once. The offline `LLM` and the server drive this same objec
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
@@ -25,12 +26,16 @@ from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
 from dayzero.cache.paged import PagedKVStorage, checked_layout
 from dayzero.cache.snapshots import SnapshotCache
+from dayzero.engine.graphs import DecodeGraphs
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
 from dayzero.engine.scheduler import Scheduler
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
 from dayzero.startup import StartupTimer
+
+
+log = logging.getLogger("dayzero")
 
 
 @dataclass
@@ -70,13 +75,16 @@ class Engine:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
-                 kv_cache_dtype: str = "auto", seed: int = 0, startup: StartupTimer | None = None):
+                 kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False,
+                 startup: StartupTimer | None = None):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
         (PagedRunner) with prefix caching (enable_prefix_caching) and, for models with recurrent
         state, num_state_snapshots saved states (default max_num_seqs) from the same budget.
-        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3". startup: the timer the engine's phases are
-        recorded in (cache_layout, kv_pool; self.startup, a fresh one when not given)."""
+        kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3". cuda_graphs: on CUDA, decode steps replay
+        graphs captured per batch-size bucket (dayzero.engine.graphs) where the model allows it (else
+        the log says why); progress: a bar while capturing. startup: the timer the engine's phases are
+        recorded in (cache_layout, kv_pool, capture; self.startup, a fresh one when not given)."""
         self.startup = startup if startup is not None else StartupTimer()
         self.model = model
         self.tokenizer = tokenizer
@@ -94,6 +102,7 @@ class Engine:
                   for w in layout.windows]
         if num_kv_blocks is None and kv_cache_bytes is not None:
             fixed = sum(n * p for n, p in zip(blocks, page_bytes) if n is not None)
+            fixed += sum(page_bytes) + layout.state_bytes  # the storage's scratch page per group and scratch slot
             num_kv_blocks = _blocks_in_budget(kv_cache_bytes - fixed, page_bytes[0], block_size,
                                               layout.state_bytes, max_num_seqs + num_state_snapshots)
         if num_kv_blocks is None:
@@ -104,10 +113,21 @@ class Engine:
         snapshots = SnapshotCache(num_state_snapshots) if stateful and enable_prefix_caching else None
         kv = KVCacheManager([BlockPool(n) for n in blocks], block_size, enable_prefix_caching, layout.windows, snapshots)
         with self.startup.phase("kv_pool") as phase:
-            storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_)
+            storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_,
+                                     scratch=True)
             phase.bytes = storage.nbytes
             phase.detail = f"{' + '.join(map(str, blocks))} blocks of {block_size} tokens"
         self.runner = PagedRunner(model, kv, storage, snapshots)
+        if cuda_graphs and model.device_.type == "cuda":
+            blocker = model.cuda_graph_blocker(self.max_model_len)
+            if blocker is None:
+                with self.startup.phase("capture") as phase:
+                    graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
+                                          progress=progress)
+                    phase.detail = f"{len(graphs.graphs)} decode graphs, batch {','.join(map(str, graphs.buckets))}"
+                self.runner.graphs = graphs
+            else:
+                log.info("%s: decode steps run eagerly, without CUDA graphs: %s", model.spec.model_type, blocker)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)

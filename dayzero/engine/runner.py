@@ -11,6 +11,10 @@ a fresh request's slot starts from zeros. With prefix caching on, the runner sav
 whenever a request's computed tokens reach a block boundary (the scheduler ends prefill chunks at
 block boundaries for such models: `Scheduler.align_chunks`) under that prefix's block hash, and a
 request admitted with a cached prefix resumes from the saved state (dayzero.cache.snapshots).
+
+With `graphs` set (dayzero.engine.graphs.DecodeGraphs, made by the engine on CUDA), a decode-only
+step of up to its largest bucket replays a captured CUDA graph instead of building the metadata and
+running the forward eagerly; `num_graph_steps` counts those.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ class PagedRunner:
         self._free_slots = list(range(storage.num_state_slots - 1, -1, -1))
         self.num_forwards = 0
         self.num_tokens = 0
+        self.graphs = None  # DecodeGraphs, when decode steps replay CUDA graphs
+        self.num_graph_steps = 0
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput) -> tuple[list[str], torch.Tensor | None]:
@@ -57,11 +63,15 @@ class PagedRunner:
                          self.slots[s.request.request_id], s.samples,
                          s.request.token_ids(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens))
                  for s in order]
-        meta = build_step(steps, self.storage.layout, self.kv.block_size, self.device)
-        logits = self.model.forward_packed(meta.input_ids, meta.positions,
-                                           PagedStepCache(self.storage, meta, self.model.spec.num_layers))
+        if self.graphs is not None and self.graphs.takes(steps):
+            logits = self.graphs.run(steps)
+            self.num_graph_steps += 1
+        else:
+            meta = build_step(steps, self.storage.layout, self.kv.block_size, self.device)
+            logits = self.model.forward_packed(meta.input_ids, meta.positions,
+                                               PagedStepCache(self.storage, meta, self.model.spec.num_layers))
         self.num_forwards += 1
-        self.num_tokens += meta.num_tokens
+        self.num_tokens += sum(s.num_new for s in steps)
         if self.stateful and self.snapshots is not None:
             for s in order:
                 done = s.num_computed_tokens + s.num_new_tokens

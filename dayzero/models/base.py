@@ -115,6 +115,13 @@ class CausalLM(nn.Module):
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} does not implement the packed forward")
 
+    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
+        """Why a decode step of this model (sequences of up to max_model_len tokens) cannot be captured
+        as a CUDA graph, or None when it can: its launches must depend on the batch size only, never on
+        other host values such as the sequences' lengths (dayzero.engine.graphs). A family says so
+        once its forward has been checked on the GPU."""
+        return f"{type(self).__name__}'s forward has not been checked for CUDA-graph capture"
+
     def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
         return collect_weight_targets(self, prefix)
 
@@ -140,3 +147,10 @@ class CausalLM(nn.Module):
         if cache is not None and cache.batch != input_ids.shape[0]:
             raise ValueError(f"cache was made for batch {cache.batch}, input has batch {input_ids.shape[0]}")
 
+
+def mla_graph_blocker(dtype: torch.dtype) -> str | None:
+    """MLA's kernels take bf16 / fp16 queries; float32 runs the reference op, which loops over the
+    sequences with their host lengths (not capturable)."""
+    if dtype == torch.float32:
+        return "float32 MLA runs the reference op, which loops over the sequences on the host; bf16 captures"
+    return None

@@ -29,7 +29,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
+from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param, mla_graph_blocker
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -301,6 +301,16 @@ class DeepseekV3ForCausalLM(CausalLM):
     def post_load(self) -> None:
         for layer in self.model.layers:
             layer.self_attn.post_load()
+
+    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
+        """Dense MLA and the MoE layer capture; DSA does once a sequence can outgrow index_topk: its
+        indexer and sparse attention are reference ops looping over the sequences on the host."""
+        topk = min((layer.self_attn.indexer.topk for layer in self.model.layers
+                    if layer.self_attn.indexer is not None), default=None)
+        if topk is not None and max_model_len > topk:
+            return (f"DSA (index_topk {topk} < max_model_len {max_model_len}) runs reference ops whose launches depend "
+                    "on the sequences' lengths")
+        return mla_graph_blocker(self.dtype)
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions)

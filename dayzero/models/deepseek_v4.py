@@ -456,6 +456,10 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.hc_head_scale = empty_param((1,), torch.float32, device)
         self.rope_main, self.rope_compress = _ropes(config, spec.layers[0].attention.qk_rope_head_dim)
 
+    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
+        return ("compressed entries: a decode step writes one only every `ratio` tokens, and the window and "
+                "compressed reads are gathered per sequence (reference ops)")
+
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         ids, positions = input_ids[None], positions[None]  # the blocks below are token-local: one row of N tokens
         x = self.embed(ids)

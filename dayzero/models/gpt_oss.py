@@ -213,6 +213,9 @@ class GptOssForCausalLM(CausalLM):
     def ignore_patterns(self) -> tuple[str, ...]:
         return (r"^lm_head\.weight$",) if self.lm_head is None else ()
 
+    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
+        return None  # paged GQA kernels and the MoE layer: launches fixed by the batch size
+
     def post_load(self) -> None:
         for layer in self.model.layers:
             layer.self_attn.post_load()

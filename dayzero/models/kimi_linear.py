@@ -56,7 +56,7 @@ from torch import nn
 
 from dayzero import ops
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
+from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param, mla_graph_blocker
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
 from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm
@@ -402,6 +402,10 @@ class KimiLinearForCausalLM(CausalLM):
         for layer in self.model.layers:
             if isinstance(layer.self_attn, MLAttention):
                 layer.self_attn.post_load()
+
+    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
+        """A decode step's KDA is one [B, 1] block of static-shape ops; MLA as DeepSeek-V3's."""
+        return mla_graph_blocker(self.dtype)
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """NoPE model: positions are not used (KDA's recurrence carries order)."""

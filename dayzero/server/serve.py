@@ -19,27 +19,18 @@ DEMO_SERVED_NAME = "demo"  # the API's model name for the demo checkpoint (`dayz
 def serve(args: argparse.Namespace, model_dir: Path) -> int:
     import uvicorn
 
+    from dayzero.engine_args import llm_kwargs
     from dayzero.engine.llm import LLM
     from dayzero.server.app import ServerConfig, create_app
 
-    if args.max_running_requests < 1:
-        raise ValueError(f"--max-running-requests must be at least 1, got {args.max_running_requests}")
+    engine_args = llm_kwargs(args)  # checks the engine flags
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
-    if args.mem_fraction is not None and not 0 < args.mem_fraction <= 1:
-        raise ValueError(f"--mem-fraction must be in (0, 1], got {args.mem_fraction}")
-    if args.kv_cache_gib is not None and args.kv_cache_gib <= 0:
-        raise ValueError(f"--kv-cache-gib must be > 0, got {args.kv_cache_gib}")
     sock = bind(args.host, args.port)
     try:
-        llm = LLM(model_dir, device=args.device, dtype=args.dtype, max_num_seqs=args.max_running_requests,
-                  max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
-                  max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
-                  kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
-                  fp8_workspace_gib=args.fp8_workspace_gib,
-                  seed=args.seed, progress=True)
+        llm = LLM(model_dir, **engine_args, progress=True)
         pool = llm.scheduler.kv.pool
         print(f"[dayzero] loaded {model_dir}; context {llm.max_model_len} tokens, KV pool {pool.num_blocks} blocks "
               f"of {llm.scheduler.kv.block_size} tokens; {llm.startup.summary()}", file=sys.stderr)

@@ -1,0 +1,192 @@
+"""Decode steps over fixed buffers with padding (dayzero.engine.graphs, dayzero.cache.static_step).
+
+On the CPU, `DecodeGraphs(capture=False)` runs the padded static step eagerly: every family's greedy
+tokens and per-step logprobs must equal the ordinary packed step's, with batch sizes that fall
+between buckets (padding sequences present) and the pool fully free afterwards. On CUDA the same
+comparison runs with captured graphs (skipped without a device)."""
+
+import numpy as np
+import pytest
+import torch
+
+from dayzero.cache.layout import CacheLayout, StreamSpec
+from dayzero.cache.static_step import StaticStep
+from dayzero.cache.step import SeqStep, build_step
+from dayzero.engine import SamplingParams
+from dayzero.engine.graphs import DecodeGraphs, graph_buckets
+from dayzero.engine.llm import LLM
+from tests.engine.test_llm import FAMILIES, _assert_pool_free, _prompts
+from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
+
+CASES = {**{k: v[0] for k, v in FAMILIES.items() if k != "deepseek_v4"}, "kimi_k3": build_kimi_k3_checkpoint}
+PARAMS = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, logprobs=2)
+
+
+def test_buckets_cover_every_batch_size_up_to_the_largest():
+    assert graph_buckets(1) == [1]
+    assert graph_buckets(5) == [1, 2, 4, 5]
+    assert graph_buckets(16) == [1, 2, 4, 8, 16]
+    assert graph_buckets(30) == [1, 2, 4, 8, 16, 24, 30]
+    for n in range(1, 70):
+        b = graph_buckets(n)
+        assert b[-1] == n and b == sorted(set(b))
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        graph_buckets(0)
+
+
+LAYOUT = CacheLayout([StreamSpec(0, "k", (2, 4), torch.float32, None, 1),
+                      StreamSpec(0, "kw", (2, 4), torch.float32, 8, 1)], [])
+
+
+def test_the_static_step_holds_what_build_step_builds_and_pads_with_scratch():
+    rng = np.random.default_rng(0)
+    bs, max_blocks, scratch = 4, 6, [40, 41]
+    static = StaticStep(LAYOUT, bs, 8, bs * max_blocks, scratch, 9, "cpu")
+    for trial in range(5):
+        n = int(rng.integers(1, 8))
+        steps = []
+        for i in range(n):
+            start = int(rng.integers(1, bs * max_blocks))
+            full = rng.permutation(40)[:start // bs + 1].tolist()
+            window = [None] * max(0, start // bs - 2) + full[max(0, start // bs - 2):]
+            steps.append(SeqStep(start, 1, [full, window], int(rng.integers(0, 8)), True, [int(rng.integers(0, 99))]))
+        ref = build_step(steps, LAYOUT, bs, "cpu")
+        b = min(x for x in graph_buckets(8) if x >= n)
+        static.fill(steps, b)
+        got = static.meta(b, tuple(s.start + 1 for s in steps) + (1,) * (b - n))
+        assert got.input_ids[:n].tolist() == ref.input_ids.tolist()
+        assert got.positions[:n].tolist() == ref.positions.tolist()
+        assert got.seqs.query_start.tolist() == list(range(b + 1))
+        assert got.seqs.seq_lens[:n].tolist() == ref.seqs.seq_lens.tolist()
+        assert got.state_slots[:n].tolist() == ref.state_slots.tolist()
+        for g in (0, 1):
+            for i, s in enumerate(steps):
+                width = len(s.tables[g])
+                assert got.block_tables[g][i, :width].tolist() == ref.block_tables[g][i, :width].tolist()
+            pages, offsets = got.writes[g, 1]
+            assert pages[:n].tolist() == ref.writes[g, 1][0].tolist()
+            assert offsets[:n].tolist() == ref.writes[g, 1][1].tolist()
+            # padding: one token at position 0, written to and read from the scratch page only
+            assert pages[n:].tolist() == [scratch[g]] * (b - n) and offsets[n:].tolist() == [0] * (b - n)
+            assert got.block_tables[g][n:, 0].tolist() == [scratch[g]] * (b - n)
+        assert got.seqs.seq_lens[n:].tolist() == [1] * (b - n)
+        assert got.state_slots[n:].tolist() == [9] * (b - n)
+        assert got.logits_indices.tolist() == list(range(b))
+
+
+def test_the_static_step_refuses_what_a_graph_cannot_run():
+    static = StaticStep(LAYOUT, 4, 4, 12, [9, 9], 0, "cpu")
+    assert static.meta(2).seqs.seq_lens_host == (12, 12)  # kernels plan for the longest sequence
+    with pytest.raises(ValueError, match="exactly one given token"):
+        static.fill([SeqStep(3, 2, [[0, 1], [0, 1]], 0, True, [1, 2])], 2)
+    with pytest.raises(ValueError, match="exceeds"):
+        static.fill([SeqStep(3, 1, [[0, 1, 2, 3], [0, 1, 2, 3]], 0, True, [1])], 1)
+    with pytest.raises(ValueError, match="batch of"):
+        static.fill([SeqStep(3, 1, [[0], [0]], 0, True, [1])] * 3, 2)
+    compressed = CacheLayout([StreamSpec(0, "c", (4,), torch.float32, None, 4)], [])
+    with pytest.raises(ValueError, match="rates"):
+        StaticStep(compressed, 4, 4, 12, [9], 0, "cpu")
+
+
+def _run(llm, prompts):
+    outs = llm.generate(prompts, PARAMS)
+    return [o.token_ids for o in outs], [[lp.logprob for lp in o.outputs[0].logprobs] for o in outs]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_padded_static_decode_gives_the_packed_steps_tokens_and_logprobs(name, tmp_path):
+    path = CASES[name](tmp_path)
+    kwargs = dict(dtype="float32", max_num_seqs=6, max_model_len=128)
+    eager, static = LLM(path, **kwargs), LLM(path, **kwargs)
+    engine = static.engine
+    assert static.runner.graphs is None  # no graphs on the CPU unless asked for
+    static.runner.graphs = DecodeGraphs(static.model, engine.runner.storage, engine.scheduler.kv.block_size, 6,
+                                        static.max_model_len, capture=False)
+    prompts = _prompts(eager.vocab_size, [3, 17, 9, 30, 5])  # 5 sequences: bucket 6 with one padding row
+    tokens, logprobs = _run(eager, prompts)
+    got_tokens, got_logprobs = _run(static, prompts)
+    assert got_tokens == tokens
+    np.testing.assert_allclose(got_logprobs, logprobs, rtol=1e-5, atol=1e-5)
+    assert static.runner.num_graph_steps >= PARAMS.max_tokens - 2
+    _assert_pool_free(static)
+    # a second, smaller batch through a smaller bucket, after the first left its pages behind
+    got, ref = _run(static, prompts[:3]), _run(eager, prompts[:3])
+    assert got[0] == ref[0]
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-5, atol=1e-5)
+    _assert_pool_free(static)
+
+
+def test_models_say_whether_their_decode_step_captures(tmp_path):
+    v4 = LLM(FAMILIES["deepseek_v4"][0](tmp_path), dtype="float32")
+    assert "compressed entries" in v4.model.cuda_graph_blocker(128)
+    v32 = LLM(FAMILIES["deepseek_v32"][0](tmp_path), dtype="float32")
+    topk = v32.model.model.layers[0].self_attn.indexer.topk
+    assert "float32 MLA" in v32.model.cuda_graph_blocker(topk)  # bf16 MLA runs kernels that capture
+    assert "index_topk" in v32.model.cuda_graph_blocker(topk + 1)
+    gpt_oss = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32")
+    assert gpt_oss.model.cuda_graph_blocker(1 << 20) is None
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _check_every_graph_step_against_eager(llm, rel_tol):
+    """Wrap the graphs' run: after each replay, run the same step eagerly (build_step + forward; it
+    rewrites the same cache entries) and record the logits' relative error. Returns the errors."""
+    from dayzero.cache.paged import PagedStepCache
+
+    graphs, storage, errors = llm.runner.graphs, llm.runner.storage, []
+    replay = graphs.run
+
+    def both(steps):
+        got = replay(steps).clone()
+        meta = build_step(steps, storage.layout, llm.scheduler.kv.block_size, llm.model.device_)
+        ref = llm.model.forward_packed(meta.input_ids, meta.positions,
+                                       PagedStepCache(storage, meta, llm.model.spec.num_layers))
+        errors.append(((got - ref).norm() / ref.norm()).item())
+        assert errors[-1] < rel_tol, (len(steps), errors)
+        return got
+
+    graphs.run = both
+    return errors
+
+
+@cuda
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path):
+    """bf16 (the MLA kernels' dtype): each decode step's logits from the graph against the same step
+    run eagerly right after; batches of 5 (bucket 6, one padding row) then 3 (bucket 4)."""
+    path = CASES[name](tmp_path)
+    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=6)
+    if name == "deepseek_v32":
+        kwargs["max_model_len"] = 8  # no longer than index_topk: dense MLA, which captures
+    llm = LLM(path, **kwargs)
+    assert llm.runner.graphs is not None, name
+    errors = _check_every_graph_step_against_eager(llm, 2e-2)
+    lengths = [3, 5, 4, 2, 6] if name == "deepseek_v32" else [3, 17, 9, 30, 5]
+    params = SamplingParams(max_tokens=2 if name == "deepseek_v32" else 7, temperature=0.0, ignore_eos=True)
+    for prompts in (_prompts(llm.vocab_size, lengths), _prompts(llm.vocab_size, lengths[:3], seed=1)):
+        llm.generate(prompts, params)
+    assert len(errors) == llm.runner.graphs.num_replays >= 2
+    _assert_pool_free(llm)
+
+
+@cuda
+def test_graph_replays_give_the_eager_steps_tokens_and_a_blocked_family_runs_eagerly(tmp_path, caplog):
+    """float32 gpt-oss (its GQA kernels take float32): greedy tokens of 10 requests, graphs on and off,
+    and each step's logits within float32 noise."""
+    path = FAMILIES["gpt_oss"][0](tmp_path)
+    kwargs = dict(dtype="float32", device="cuda", max_num_seqs=16)
+    eager, graphs = LLM(path, cuda_graphs=False, **kwargs), LLM(path, **kwargs)
+    assert eager.runner.graphs is None
+    prompts = _prompts(eager.vocab_size, [3, 17, 9, 30, 5, 40, 12, 8, 20, 11])
+    errors = _check_every_graph_step_against_eager(graphs, 1e-4)
+    tokens, logprobs = _run(eager, prompts)
+    got_tokens, got_logprobs = _run(graphs, prompts)
+    assert got_tokens == tokens
+    np.testing.assert_allclose(got_logprobs, logprobs, rtol=1e-4, atol=1e-4)
+    assert graphs.runner.num_graph_steps >= PARAMS.max_tokens - 2 and len(errors) == graphs.runner.num_graph_steps
+    _assert_pool_free(graphs)
+    with caplog.at_level("INFO", logger="dayzero"):
+        v4 = LLM(FAMILIES["deepseek_v4"][0](tmp_path), dtype="bfloat16", device="cuda")
+    assert v4.runner.graphs is None and "without CUDA graphs" in caplog.text
