@@ -170,3 +170,12 @@ def test_packed_and_fp8_weights_are_read_straight_into_the_model(checkpoint, mon
         assert all(".mlp.experts." in n for n in packed)  # its model file passes no dest for the experts
     else:
         assert packed == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_parallel_load_to_cuda_equals_sequential_on_cpu(checkpoint, small_pieces):
+    """The CUDA path (pinned buffers per thread, pieces copied into the parameters, conversions on the
+    device) gives the CPU stream's bits."""
+    want = load_sequential(checkpoint, torch.bfloat16)
+    got = load_model(checkpoint, device="cuda", dtype=torch.bfloat16, progress=False, threads=3)
+    assert_same_bits(got.cpu(), want)
