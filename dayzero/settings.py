@@ -114,6 +114,10 @@ class Settings:
         "DAYZERO_FP8_PREFETCH", True, _switch,
         "path B converts the experts the next layer used last time on a side stream, ahead of its call",
         shown="1")
+    load_threads: int = setting(
+        "DAYZERO_LOAD_THREADS", 0, _whole,
+        "threads reading checkpoint files at load (dayzero/weights/fill.py); 0: min(8, CPU count); 1: one reader",
+        shown="0")
     pdl: bool = setting(
         "DAYZERO_PDL", True, _switch,
         "launch the decode layer's kernels with programmatic dependent launch (sm_90+; kernels/pdl.py)", shown="1")

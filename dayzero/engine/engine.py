@@ -32,6 +32,7 @@ from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, Stop
 from dayzero.engine.scheduler import Scheduler
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
+from dayzero.startup import StartupTimer
 
 
 log = logging.getLogger("dayzero")
@@ -74,20 +75,24 @@ class Engine:
                  max_num_seqs: int = 16, max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  block_size: int = DEFAULT_BLOCK_SIZE, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
-                 kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False):
+                 kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False,
+                 startup: StartupTimer | None = None):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
         (PagedRunner) with prefix caching (enable_prefix_caching) and, for models with recurrent
         state, num_state_snapshots saved states (default max_num_seqs) from the same budget.
         kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3". cuda_graphs: on CUDA, decode steps replay
         graphs captured per batch-size bucket (dayzero.engine.graphs) where the model allows it (else
-        the log says why); progress: a bar while capturing."""
+        the log says why); progress: a bar while capturing. startup: the timer the engine's phases are
+        recorded in (cache_layout, kv_pool, capture; self.startup, a fresh one when not given)."""
+        self.startup = startup if startup is not None else StartupTimer()
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = model.spec.vocab_size
         self.max_model_len = min(model.spec.context.max_position_embeddings, max_model_len or 8192)
         blocks_per_seq = -(-self.max_model_len // block_size)
-        layout = checked_layout(model, kv_cache_dtype)
+        with self.startup.phase("cache_layout", detail="planned streams checked by a probe forward"):
+            layout = checked_layout(model, kv_cache_dtype)
         stateful = bool(layout.states)
         if num_state_snapshots is None:
             num_state_snapshots = max_num_seqs if stateful and enable_prefix_caching else 0
@@ -107,17 +112,25 @@ class Engine:
             blocks[0] = max(blocks[0], num_kv_blocks)
         snapshots = SnapshotCache(num_state_snapshots) if stateful and enable_prefix_caching else None
         kv = KVCacheManager([BlockPool(n) for n in blocks], block_size, enable_prefix_caching, layout.windows, snapshots)
-        storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_, scratch=True)
+        with self.startup.phase("kv_pool") as phase:
+            storage = PagedKVStorage(layout, blocks, block_size, max_num_seqs, num_state_snapshots, model.device_,
+                                     scratch=True)
+            phase.bytes = storage.nbytes
+            phase.detail = f"{' + '.join(map(str, blocks))} blocks of {block_size} tokens"
         self.runner = PagedRunner(model, kv, storage, snapshots)
         if cuda_graphs and model.device_.type == "cuda":
             blocker = model.cuda_graph_blocker(self.max_model_len)
             if blocker is None:
-                try:
-                    self.runner.graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
-                                                      progress=progress)
-                except GraphCaptureError as e:
-                    blocker = str(e)
-                    torch.cuda.synchronize(model.device_)
+                with self.startup.phase("capture") as phase:
+                    try:
+                        graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
+                                              progress=progress)
+                        phase.detail = f"{len(graphs.graphs)} decode graphs, batch {','.join(map(str, graphs.buckets))}"
+                        self.runner.graphs = graphs
+                    except GraphCaptureError as e:
+                        blocker = str(e)
+                        phase.detail = "failed: decode runs eagerly"
+                        torch.cuda.synchronize(model.device_)
             if blocker is not None:
                 log.info("%s: decode steps run eagerly, without CUDA graphs: %s", model.spec.model_type, blocker)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,

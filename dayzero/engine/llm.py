@@ -6,6 +6,7 @@ validated before any is queued: a bad one raises ValueError naming the value and
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -17,6 +18,9 @@ from dayzero.engine.engine import Engine, eos_token_ids, load_tokenizer
 from dayzero.engine.sampling import SamplingParams, TokenLogprobs
 from dayzero.kernels import moe as moe_kernels
 from dayzero.ops import REGISTRY
+from dayzero.startup import StartupTimer
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -60,7 +64,7 @@ class LLM:
                  mem_fraction: float | None = None, enable_prefix_caching: bool = True,
                  num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto",
                  fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
-                 cuda_graphs: bool = True, enforce_eager: bool = False):
+                 cuda_graphs: bool = True, enforce_eager: bool = False, load_threads: int | None = None):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
@@ -70,32 +74,45 @@ class LLM:
         library can choose that path: kernels/moe/choose.py); default DAYZERO_FP8_WORKSPACE_GIB, else every
         expert one step can activate; 0: none.
         cuda_graphs: on CUDA, decode steps replay CUDA graphs captured per batch-size bucket where the model
-        allows (dayzero.engine.graphs); False, or vLLM's enforce_eager=True, runs every step eagerly."""
+        allows (dayzero.engine.graphs); False, or vLLM's enforce_eager=True, runs every step eagerly.
+        load_threads: threads reading the checkpoint (default DAYZERO_LOAD_THREADS; 0: automatic).
+        Startup is timed phase by phase: `llm.startup` (a dayzero.startup.StartupTimer: .report(), .as_dict()),
+        and its one-line summary is logged at INFO on the "dayzero.engine.llm" logger."""
         from dayzero.models import load_model
 
-        REGISTRY.check_variants()
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
-        if model is None:
-            from dayzero.demo import demo_checkpoint
+        timer = self.startup = StartupTimer()  # every phase below; llm.startup.report() shows them
+        with timer.phase("locate"):  # the demo checkpoint is built here on its first use
+            REGISTRY.check_variants()
+            if dtype not in DTYPES:
+                raise ValueError(f"dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
+            if model is None:
+                from dayzero.demo import demo_checkpoint
 
-            model = demo_checkpoint()
-        from dayzero.model_path import checkpoint_dir  # a missing path is an error naming it
+                model = demo_checkpoint()
+            from dayzero.model_path import checkpoint_dir  # a missing path is an error naming it
 
-        self.path = checkpoint_dir(model)
-        self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress)
-        self.tokenizer = load_tokenizer(self.path)
-        self.expert_workspace = attach_expert_workspace(self.model, fp8_workspace_gib, max_num_batched_tokens)
-        kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
-        if kv_cache_bytes is None and mem_fraction is not None:
-            workspace = self.expert_workspace.capacity_bytes if self.expert_workspace is not None else 0
-            kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction, workspace)
-        self.engine = Engine(self.model, self.tokenizer, eos_token_ids=eos_token_ids(self.path, self.tokenizer),
-                             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                             max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
-                             kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
-                             num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
-                             cuda_graphs=cuda_graphs and not enforce_eager, progress=progress)
+            self.path = checkpoint_dir(model)
+        self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress,
+                                threads=load_threads, startup=timer)  # config, model, checkpoint, weights, post_load
+        with timer.phase("tokenizer"):
+            self.tokenizer = load_tokenizer(self.path)
+            eos = eos_token_ids(self.path, self.tokenizer)
+        with timer.phase("workspace") as phase:
+            self.expert_workspace = attach_expert_workspace(self.model, fp8_workspace_gib, max_num_batched_tokens)
+            workspace_bytes = self.expert_workspace.capacity_bytes if self.expert_workspace is not None else 0
+            phase.detail = "FP8 expert workspace, filled at first use" if workspace_bytes else "none"
+            phase.bytes = workspace_bytes or None
+        with timer.phase("engine"):  # the KV pool (its own phase), the runner, the scheduler, the sampler
+            kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
+            if kv_cache_bytes is None and mem_fraction is not None:
+                kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction, workspace_bytes)
+            self.engine = Engine(self.model, self.tokenizer, eos_token_ids=eos,
+                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                 max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                 kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
+                                 num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
+                                 cuda_graphs=cuda_graphs and not enforce_eager, progress=progress, startup=timer)
+        logger.info("%s", timer.summary())
         self.vocab_size = self.engine.vocab_size
         self.max_model_len = self.engine.max_model_len
         self._ids = itertools.count()

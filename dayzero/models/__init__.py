@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import importlib
 import json
-import time
 from pathlib import Path
 
 import torch
 
 from dayzero.models.base import CausalLM, WeightTarget
 from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec, resolve_config
+from dayzero.startup import StartupTimer
 
 # model file (module under dayzero.models) for each family; the module registers its classes on import
 FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear")
@@ -57,35 +57,44 @@ def read_config(path: str | Path) -> dict:
 
 
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-               progress: bool = True, verbose: bool = False) -> CausalLM:
+               progress: bool = True, verbose: bool = False, threads: int | None = None,
+               startup: StartupTimer | None = None) -> CausalLM:
     """Build the model of the checkpoint at `path` and fill it from the safetensors files.
 
     Float weights are cast to `dtype`; FP8 and MXFP4 weights stay in their shipped format. The
     tensor names may be in any layout the model lists (`model.layouts()`: the release, what
     transformers saves); the one the checkpoint is in is found from its tensor names. Every
     mismatch between the checkpoint and what the model expects (missing, unexpected, wrong shape or
-    dtype) is raised before any data is read, naming the tensor, the file and the layouts tried."""
-    from dayzero.weights import Checkpoint, iter_tensors, match_layout
+    dtype) is raised before any data is read, naming the tensor, the file and the layouts tried.
+    The files are read by `threads` reader threads (default DAYZERO_LOAD_THREADS), each tensor once,
+    into the model's own memory (dayzero.weights.fill). startup: the timer the phases are recorded in
+    (config, model, checkpoint, weights, post_load); verbose prints them."""
+    from dayzero.weights import Checkpoint, fill_targets, match_layout
 
-    started = time.perf_counter()
-    spec = load_spec(path)
-    cls = model_class(spec)
-    config = resolve_config(read_config(path))
+    timer = startup if startup is not None else StartupTimer()
     device = torch.device(device)
-    model = cls(spec, config, dtype=dtype, device=device)
-    targets = model.weight_targets()
-    expected = {name: t.spec for name, t in targets.items()}
-    ignore = model.ignore_patterns()
-    layout, checkpoint = match_layout(Checkpoint.open(path), model.layouts(), expected, family=spec.model_type,
-                                      ignore_unexpected=ignore)
-    for name, tensor in iter_tensors(checkpoint, device=device, expected=expected, ignore_unexpected=ignore,
-                                     progress=progress):
-        targets[name].assign(tensor)
-    model.post_load()
-    model.eval()
+    with timer.phase("config"):
+        spec = load_spec(path)
+        cls = model_class(spec)
+        config = resolve_config(read_config(path))
+    with timer.phase("model", detail=f"{spec.model_type}, {len(spec.layers)} layers"):
+        model = cls(spec, config, dtype=dtype, device=device)  # parameters allocated, not filled
+        targets = model.weight_targets()
+    with timer.phase("checkpoint") as phase:  # headers, layout and schema; no tensor data yet
+        expected = {name: t.spec for name, t in targets.items()}
+        layout, checkpoint = match_layout(Checkpoint.open(path), model.layouts(), expected, family=spec.model_type,
+                                          ignore_unexpected=model.ignore_patterns())
+        phase.detail = f"{len(checkpoint.files)} file(s), {layout.name} layout"
+    with timer.phase("weights") as phase:
+        loaded = fill_targets(checkpoint, targets, device=device, threads=threads, progress=progress)
+        phase.bytes = sum(loaded.bytes_by_dtype.values())
+        phase.detail = (f"{loaded.num_tensors} tensors, {loaded.num_files} file(s), {loaded.threads} thread(s), "
+                        f"to {device}")
+    with timer.phase("post_load"):
+        model.post_load()
+        model.eval()
     if verbose:
-        print(f"[dayzero] loaded {spec.model_type} ({len(targets)} tensors, {layout.name} layout) to {device} in "
-              f"{time.perf_counter() - started:.1f} s")
+        print(f"[dayzero] loaded {spec.model_type} to {device}: {timer.summary()}")
     return model
 
 

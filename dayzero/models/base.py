@@ -41,10 +41,14 @@ RELEASE = Layout("release", "the names the model file documents")
 
 @dataclass
 class WeightTarget:
-    """Where one checkpoint tensor goes: its expected shape/dtype and a function that stores it."""
+    """Where one checkpoint tensor goes: its expected shape/dtype and a function that stores it (it must
+    copy: the loader reuses the tensor it passes). dest: set where storing is a copy of the stored bytes
+    into this tensor (the same dtype, or packed bytes reinterpreted: int8 / uint8 / F8_E8M0); the loader
+    then reads the file straight into it (dayzero.weights.fill) and assign is not called."""
 
     spec: TensorSpec
     assign: Callable[[torch.Tensor], None]
+    dest: torch.Tensor | None = None
 
 
 def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None = None) -> nn.Parameter:
@@ -62,7 +66,7 @@ def copy_target(param: torch.Tensor, name: str) -> WeightTarget:
         with torch.no_grad():
             param.copy_(tensor)
 
-    return WeightTarget(spec, assign)
+    return WeightTarget(spec, assign, dest=param.detach())
 
 
 def collect_weight_targets(module: nn.Module, prefix: str = "") -> dict[str, WeightTarget]:

@@ -368,7 +368,7 @@ class RoutedExperts(nn.Module):
             convert = lambda t: t.view(torch.uint8).unflatten(-1, (-1, FP4_BLOCK // 2))  # noqa: E731
         else:
             return copy_target(view, "")
-        return WeightTarget(spec, lambda t: view.copy_(convert(t)))
+        return WeightTarget(spec, lambda t: view.copy_(convert(t)), dest=view)  # the same bytes
 
 
 class MoE(nn.Module):

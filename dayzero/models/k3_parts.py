@@ -199,7 +199,7 @@ def _packed_target(blocks: torch.Tensor) -> WeightTarget:
         with torch.no_grad():
             blocks.copy_(t.unflatten(-1, (-1, mxfp4.BLOCK_SIZE // 2)))
 
-    return WeightTarget(spec, assign)
+    return WeightTarget(spec, assign, dest=blocks)  # the same bytes
 
 
 def _scale_target(scales: torch.Tensor) -> WeightTarget:
@@ -209,7 +209,7 @@ def _scale_target(scales: torch.Tensor) -> WeightTarget:
         with torch.no_grad():
             scales.copy_(mxfp4.as_e8m0_bytes(t, "weight_scale"))
 
-    return WeightTarget(spec, assign)
+    return WeightTarget(spec, assign, dest=scales)  # the same bytes
 
 
 class LatentMoE(nn.Module):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-import time
 from pathlib import Path
 
 GRACEFUL_SHUTDOWN_S = 30
@@ -31,11 +30,10 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
     sock = bind(args.host, args.port)
     try:
-        started = time.perf_counter()
         llm = LLM(model_dir, **engine_args, progress=True)
         pool = llm.scheduler.kv.pool
-        print(f"[dayzero] loaded {model_dir} in {time.perf_counter() - started:.1f} s; context {llm.max_model_len} "
-              f"tokens, KV pool {pool.num_blocks} blocks of {llm.scheduler.kv.block_size} tokens", file=sys.stderr)
+        print(f"[dayzero] loaded {model_dir}; context {llm.max_model_len} tokens, KV pool {pool.num_blocks} blocks "
+              f"of {llm.scheduler.kv.block_size} tokens; {llm.startup.summary()}", file=sys.stderr)
         config = ServerConfig(
             served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
             max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,

@@ -33,6 +33,7 @@ class LoadSummary:
     bytes_by_dtype: dict[str, int]  # bytes read, by safetensors dtype code (before any cast)
     seconds: float  # opening and reading, wall clock
     device: str
+    threads: int = 1  # reader threads (dayzero.weights.fill)
 
     @property
     def total_bytes(self) -> int:
@@ -42,7 +43,7 @@ class LoadSummary:
         rate = self.total_bytes / self.seconds if self.seconds > 0 else 0.0
         return (f"Loaded {self.num_tensors} tensors ({format_bytes(self.total_bytes)}) from "
                 f"{self.num_files} file(s) to {self.device} in {self.seconds:.2f} s "
-                f"({format_bytes(int(rate))}/s)")
+                f"({format_bytes(int(rate))}/s" + (f", {self.threads} threads)" if self.threads > 1 else ")"))
 
 
 def iter_tensors(checkpoint: Checkpoint | str | Path, names: Iterable[str] | None = None, *,

@@ -214,6 +214,28 @@ def test_kv_pool_sized_from_a_memory_budget():
         small.generate([[1, 2, 3]], SamplingParams(max_tokens=15))
 
 
+def test_startup_phases_are_timed_and_logged(caplog):
+    """Every step of LLM(...) is in a phase: the top-level phases add up to the total; the weights phase
+    counts the bytes read, the KV pool its arenas; the one-line summary is logged at INFO."""
+    from dayzero.demo import demo_checkpoint
+    from dayzero.weights import Checkpoint
+
+    with caplog.at_level("INFO", logger="dayzero.engine.llm"):
+        llm = LLM(max_num_seqs=4, load_threads=2)
+    timer = llm.startup
+    assert [p.name for p in timer.phases] == ["locate", "config", "model", "checkpoint", "weights", "post_load",
+                                              "tokenizer", "workspace", "engine"]
+    assert [c.name for c in timer.get("engine").children] == ["cache_layout", "kv_pool"]
+    assert timer.phase_seconds == pytest.approx(timer.total_seconds, rel=0.02, abs=0.02)
+    assert all(p.seconds >= 0 for p in timer.phases)
+    weights = timer.get("weights")
+    assert weights.bytes == Checkpoint.open(demo_checkpoint()).total_bytes  # the demo ships no unused tensors
+    assert weights.detail.endswith("2 thread(s), to cpu")
+    assert timer.get("kv_pool").bytes == llm.runner.storage.nbytes
+    assert [r.getMessage() for r in caplog.records if r.name == "dayzero.engine.llm"] == [timer.summary()]
+    assert timer.as_dict()["phases"][4]["bytes"] == weights.bytes
+
+
 PAGED = ["deepseek_v3", "deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear"]
 
 

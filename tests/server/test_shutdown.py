@@ -3,6 +3,7 @@ demo; then SIGTERM while a stream is in flight: the server stops accepting, lets
 (ending in data: [DONE]) and exits."""
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -62,6 +63,7 @@ def test_the_readme_example_then_sigterm_finishes_the_stream_in_flight_then_exit
         assert lines[-1] == "data: [DONE]"
         log = proc.stdout.read()
         assert "Shutting down" in log and "Application shutdown complete" in log
+        assert re.search(r"\[dayzero\] loaded .*; startup [\d.]+ s: locate .* weights [\d.]+ s \(.*GB/s\)", log), log
         try:
             httpx.get(base + "/health", timeout=1)
             raise AssertionError("the server still answers after SIGTERM")
