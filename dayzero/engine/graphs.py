@@ -127,10 +127,12 @@ class DecodeGraphs:
                     self._forward(meta)
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.current_stream(device)
             try:
                 with REGISTRY.record_calls(by_backend=True) as calls, torch.cuda.graph(graph, pool=pool):
                     out = self._forward(meta)
             except Exception as e:  # an op that cannot run under capture: a host sync, a pageable copy
+                torch.cuda.set_stream(stream)  # a failed capture_end leaves the capture stream current
                 raise GraphCaptureError(f"capturing batch {b} failed: {type(e).__name__}: "
                                         f"{str(e).splitlines()[0]}") from e
             host = sorted(op for op in HOST_LENGTH_OPS if f"{op}@{REFERENCE}" in calls)

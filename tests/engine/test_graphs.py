@@ -132,14 +132,18 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 
 def _check_every_graph_step_against_eager(llm, rel_tol):
     """Wrap the graphs' run: after each replay, run the same step eagerly (build_step + forward; it
-    rewrites the same cache entries) and record the logits' relative error. Returns the errors."""
+    rewrites the same cache entries, from the recurrent state the replay started from) and record the
+    logits' relative error. Returns the errors."""
     from dayzero.cache.paged import PagedStepCache
 
     graphs, storage, errors = llm.runner.graphs, llm.runner.storage, []
     replay = graphs.run
 
     def both(steps):
+        before = {k: t.clone() for k, t in storage.states.items()}  # the step advances recurrent state:
         got = replay(steps).clone()
+        for k, t in storage.states.items():  # the eager rerun starts from the same state as the replay
+            t.copy_(before[k])
         meta = build_step(steps, storage.layout, llm.scheduler.kv.block_size, llm.model.device_)
         ref = llm.model.forward_packed(meta.input_ids, meta.positions,
                                        PagedStepCache(storage, meta, llm.model.spec.num_layers))
@@ -149,6 +153,21 @@ def _check_every_graph_step_against_eager(llm, rel_tol):
 
     graphs.run = both
     return errors
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "kimi_linear"])
+def test_the_step_by_step_check_holds_on_the_cpu_recurrent_state_included(name, tmp_path):
+    """The harness of the CUDA tests, on the CPU's padded static step: each step's logits equal the
+    same step rerun eagerly from the same state (KDA's recurrent state restored in between)."""
+    llm = LLM(CASES[name](tmp_path), dtype="float32", max_num_seqs=6, max_model_len=128)
+    engine = llm.engine
+    llm.runner.graphs = DecodeGraphs(llm.model, engine.runner.storage, engine.scheduler.kv.block_size, 6,
+                                     llm.max_model_len, capture=False)
+    errors = _check_every_graph_step_against_eager(llm, 1e-5)
+    llm.generate(_prompts(llm.vocab_size, [3, 17, 9, 30, 5]), SamplingParams(max_tokens=5, temperature=0.0,
+                                                                             ignore_eos=True))
+    assert len(errors) >= 3
+    _assert_pool_free(llm)
 
 
 # the tiny checkpoints whose every decode op has a kernel that captures (bf16); the Kimi ones' experts
@@ -183,11 +202,11 @@ def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path,
 @cuda
 def test_graph_replays_give_the_eager_steps_tokens_and_uncapturable_steps_run_eagerly(tmp_path, caplog):
     """bf16 gpt-oss: greedy tokens of 10 requests with graphs on and off (the replays' split counts
-    differ from the eager step's, so bf16 sums may round apart: nearly all tokens agree) and each
+    GEMMs run at the bucket's row count, so bf16 sums may round apart: nearly all sequences agree) and each
     replay's logits against the same step eagerly; float32 gpt-oss (its experts run the reference
     MoE op, which checks ids on the host) and DeepSeek-V4 (declared) run eagerly, saying why."""
     path = FAMILIES["gpt_oss"][0](tmp_path)
-    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=16)
+    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=16, max_model_len=256)  # one KV split, as eager
     eager, graphs = LLM(path, cuda_graphs=False, **kwargs), LLM(path, **kwargs)
     assert eager.runner.graphs is None and graphs.runner.graphs is not None
     prompts = _prompts(eager.vocab_size, [3, 17, 9, 30, 5, 40, 12, 8, 20, 11])
@@ -195,8 +214,7 @@ def test_graph_replays_give_the_eager_steps_tokens_and_uncapturable_steps_run_ea
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     want = [o.token_ids for o in eager.generate(prompts, params)]
     got = [o.token_ids for o in graphs.generate(prompts, params)]
-    same = sum(a == b for x, y in zip(got, want) for a, b in zip(x, y))
-    assert same >= 0.9 * 120, (same, got, want)
+    assert sum(x == y for x, y in zip(got, want)) >= 8, (got, want)  # a near-tie may flip one sequence's tail
     assert graphs.runner.num_graph_steps >= 10 and len(errors) == graphs.runner.num_graph_steps
     _assert_pool_free(graphs)
     with caplog.at_level("INFO", logger="dayzero"):
