@@ -7,8 +7,8 @@ positions, query starts, sequence lengths, one int32 block table per cache group
 where each new entry goes, state slots, logits rows) in one device buffer, mirrored by one pinned
 host buffer. `meta(b, seq_lens_host)` gives the StepMetadata of a batch of b sequences as views of
 those buffers (made once per bucket and captured with); `fill(steps, b)` writes a step's values
-(n <= b sequences, the rest padding) and copies them to the device: one transfer for the 1-D fields
-plus one per cache group for the first b rows of its table.
+(n <= b sequences, the rest padding) and copies them to the device in one transfer (the 1-D fields,
+then the tables; of the last table only the first b rows).
 
 Padding sequences compute one token at position 0 of id 0, read and write only the storage's scratch
 page of each group (`PagedKVStorage.scratch_pages`) and its scratch state slot, so they never touch
@@ -126,10 +126,11 @@ class StaticStep:
                 raise RuntimeError(f"a graph step writes cache group {g} entries into a block that is not allocated")
             h[f"wp{g}"][:n], h[f"wp{g}"][n:b] = page, scratch
             h[f"wo{g}"][:n], h[f"wo{g}"][n:b] = starts % bs, 0
+        # one transfer: the 1-D fields, every table but the last in full and the last one's first b rows
+        end = self._spans[f"table{self.groups[-1]}"][0] + 4 * b * self.width if self.groups else self._flat_bytes
         cuda = self.device.type == "cuda"
-        self._device_buf[:self._flat_bytes].copy_(self._host_buf[:self._flat_bytes], non_blocking=cuda)
-        for g in self.groups:
-            self.dev[f"table{g}"][:b].copy_(self._view(self._host_buf, f"table{g}")[:b], non_blocking=cuda)
+        self._device_buf[:end].copy_(self._host_buf[:end], non_blocking=cuda)
         if cuda:
-            self._copied = torch.cuda.Event()
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
             self._copied.record()
