@@ -224,7 +224,9 @@ def format_report(report: dict) -> str:
         ["expert workspace per GPU", format_gib(m['expert_workspace_gib_per_gpu']),
          f"FP8, {m['workspace_policy']['buffers']} buffer(s), <= top_k x {m['workspace_policy']['max_tokens_per_step']} tokens"],
         ["activation reserve per GPU", format_gib(m['activation_reserve_gib_per_gpu']), ""],
-        ["free for cache per GPU", format_gib(m['free_for_cache_gib_per_gpu']), ""],
+        ["free for cache per GPU", format_gib(max(0.0, m['free_for_cache_gib_per_gpu'])),
+         "" if m['free_for_cache_gib_per_gpu'] >= 0 else
+         f"none: the above exceed the GPU by {format_gib(-m['free_for_cache_gib_per_gpu'])}; more GPUs (--gpus)"],
         ["cache per token", format_bytes(m['cache_bytes_per_token']), "all layers"],
         ["bounded cache", format_gib(m['cache_fixed_gib']), "windows, compressor buffers, KDA state"],
         ["KDA state per request", format_gib(m['kda_state_gib_per_request']), "fp32 recurrent + bf16 conv"],

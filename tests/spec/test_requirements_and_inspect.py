@@ -89,3 +89,11 @@ def test_reports_render_for_published_configs(name):
     report = dz_inspect.build_report(config(name), gpus=8)
     assert report["params_total"] > report["params_active"] > 0
     assert dz_inspect.format_report(report).count("\n") > 20
+
+
+def test_a_model_that_does_not_fit_says_by_how_much_instead_of_negative_free_memory():
+    text = dz_inspect.format_report(dz_inspect.build_report(config("kimi-k3"), gpus=1))
+    line = next(l for l in text.splitlines() if "free for cache per GPU" in l)
+    assert "none: the above exceed the GPU by" in line and "-" not in line.split("GPU")[1].split("none")[0]
+    fits = dz_inspect.format_report(dz_inspect.build_report(config("kimi-k3"), gpus=16))
+    assert "exceed" not in next(l for l in fits.splitlines() if "free for cache per GPU" in l)
