@@ -31,6 +31,8 @@ def add_engine_arguments(p: argparse.ArgumentParser, max_running_requests: int |
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32")
     p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",
                    help="run every step eagerly (default on CUDA: decode steps replay captured CUDA graphs)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="schedule and launch each step before the last one's sampled ids reach the host")
 
 
 def llm_kwargs(args: argparse.Namespace) -> dict:
@@ -52,4 +54,5 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
                 max_num_batched_tokens=args.chunked_prefill_size if args.chunked_prefill_size > 0 else 1 << 30,
                 max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
                 kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
-                fp8_workspace_gib=args.fp8_workspace_gib, seed=args.seed, cuda_graphs=args.cuda_graphs)
+                fp8_workspace_gib=args.fp8_workspace_gib, seed=args.seed, cuda_graphs=args.cuda_graphs,
+                async_scheduling=args.async_scheduling)

@@ -53,6 +53,25 @@ class RequestUpdate:
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (OpenAI usage cached_tokens)
 
 
+class _InFlight:
+    """A launched step whose sampled ids are on their way to the host (async scheduling)."""
+
+    def __init__(self, output, rids: list[str], token_ids: torch.Tensor, logprobs: list):
+        self.output, self.rids, self.token_ids, self.logprobs = output, rids, token_ids, logprobs
+        cuda = token_ids.is_cuda
+        self._host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=cuda)
+        self._host.copy_(token_ids, non_blocking=cuda)
+        self._done = None
+        if cuda:
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def host_ids(self) -> list[int]:
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.tolist()
+
+
 @dataclass
 class _Track:
     """The engine's view of one request: the scheduler's request plus sampling, detokenizer and stop
@@ -76,6 +95,7 @@ class Engine:
                  block_size: int = DEFAULT_BLOCK_SIZE, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
                  kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False,
+                 async_scheduling: bool = False,
                  startup: StartupTimer | None = None):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
@@ -136,6 +156,12 @@ class Engine:
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
+        self.async_scheduling = async_scheduling and snapshots is None
+        if async_scheduling and snapshots is not None:
+            log.info("%s: async scheduling is off: recurrent-state snapshots (prefix caching) key on the sampled ids",
+                     model.spec.model_type)
+        self._inflight: _InFlight | None = None
+        self.num_overlapped_steps = 0  # steps launched before the previous step's ids were on the host
         self.tracks: dict[str, _Track] = {}
 
     # -- requests ---------------------------------------------------------------------------------
@@ -198,10 +224,14 @@ class Engine:
         return self.scheduler.abort(request_id) is not None
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # -- one step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestUpdate]:
+        """One engine step; the updates of the tokens that reached the host (with async scheduling,
+        those of the step before this one)."""
+        if self.async_scheduling:
+            return self._step_async()
         out = self.scheduler.schedule()
         updates: list[RequestUpdate] = []
         for req in out.finished:  # ended while scheduling: the KV pool is full for them
@@ -214,6 +244,57 @@ class Engine:
             for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
                 sampled[rid], step_logprobs[rid] = token, lp
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}
+        return updates + self._apply(sampled, step_logprobs, finished)
+
+    def _step_async(self) -> list[RequestUpdate]:
+        """Schedule and launch this step before the last step's ids reach the host (a decode's input
+        token still on the device is read from there), then take the last step's ids: the host's
+        scheduling, metadata and detokenizing overlap the GPU's work. Penalties read a request's output
+        tokens while sampling, so while a request with penalties runs every step waits for its ids."""
+        updates: list[RequestUpdate] = []
+        prev, self._inflight = self._inflight, None
+        waits = self._penalties_running()
+        if prev is not None and waits:
+            updates += self._resolve(prev)
+            prev = None
+        out = self.scheduler.schedule()
+        for req in out.finished:  # ended while scheduling; one with a token in flight ends when it arrives
+            if not req.num_pending:
+                updates.append(self._finish_update(self.tracks[req.request_id], []))
+        rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
+        current = None
+        if rids:
+            result = self.sampler(logits, [self.tracks[r].state for r in rids])
+            current = _InFlight(out, rids, result.token_ids, result.logprobs)
+        self.scheduler.advance(out)
+        if prev is not None:
+            updates += self._resolve(prev)
+            self.num_overlapped_steps += 1
+        if current is not None and waits:
+            updates += self._resolve(current)
+        else:
+            self._inflight = current
+        return updates
+
+    def _penalties_running(self) -> bool:
+        """Whether an unfinished request samples with a penalty (it reads its output tokens)."""
+        for t in self.tracks.values():
+            p = t.request.sampling_params
+            if not t.request.is_finished and (p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
+                return True
+        return False
+
+    def _resolve(self, step: "_InFlight") -> list[RequestUpdate]:
+        """The ids of a launched step: appended (scheduler.resolve), then text, stop strings, updates."""
+        tokens = step.host_ids()
+        appended, finished = self.scheduler.resolve(step.output, dict(zip(step.rids, tokens)))
+        logprobs = dict(zip(step.rids, step.logprobs))
+        return self._apply(appended, {rid: logprobs[rid] for rid in appended}, {r.request_id for r in finished})
+
+    def _apply(self, sampled: dict[str, int], step_logprobs: dict[str, TokenLogprobs | None],
+               finished: set[str]) -> list[RequestUpdate]:
+        """Updates for the tokens appended to their requests: detokenize, check stop strings, finish."""
+        updates: list[RequestUpdate] = []
         for rid, token in sampled.items():
             track = self.tracks[rid]
             if step_logprobs[rid] is not None:

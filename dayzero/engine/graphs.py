@@ -90,11 +90,14 @@ class DecodeGraphs:
         return 0 < len(steps) <= self.max_batch and all(
             s.num_new == 1 and s.start > 0 and s.token_ids is not None for s in steps)
 
-    def run(self, steps: list[SeqStep]) -> torch.Tensor:
-        """float32 logits [len(steps), vocab] of a step `takes` accepts, the sequences in their order."""
+    def run(self, steps: list[SeqStep], patch=None) -> torch.Tensor:
+        """float32 logits [len(steps), vocab] of a step `takes` accepts, the sequences in their order.
+        patch(input_ids): writes input tokens the host does not have yet (async scheduling)."""
         n = len(steps)
         b = self.bucket(n)
         self.static.fill(steps, b)
+        if patch is not None:
+            patch(self.static.dev["input_ids"])
         if not self.capture:  # the same padded step, eagerly, with the real host lengths
             lens = tuple(s.start + 1 for s in steps) + (1,) * (b - n)
             return self._forward(self.static.meta(b, lens))[:n]

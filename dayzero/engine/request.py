@@ -7,6 +7,9 @@ Token accounting (units: tokens)
   num_computed_tokens == num_tokens - 1: its last sampled token is the next step's input.
 - A step that brings num_computed_tokens up to num_tokens produces logits for the last token, so
   the runner samples one new token for it; a prefill chunk that stops short samples nothing.
+- With async scheduling (dayzero/engine/engine.py) a sampled token can be `num_pending`: counted in
+  num_tokens and num_output_tokens before its value reaches the host. `token_ids` gives PENDING (-1)
+  for it (the runner reads such an input from the device); output_token_ids holds only known tokens.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import enum
 from dataclasses import dataclass, field
 
 from dayzero.engine.sampling import SamplingParams
+
+PENDING = -1  # the id token_ids gives for a sampled token whose value is still on the device
 
 
 class RequestStatus(enum.Enum):
@@ -48,6 +53,7 @@ class Request:
     arrival: int = -1  # admission order, set by Scheduler.add; FCFS and preemption order use it
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at the first admission
     stop_reason: int | str | None = None  # the stop token id or stop string that finished it
+    num_pending: int = 0  # sampled tokens whose ids are not on the host yet (async scheduling)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -55,10 +61,14 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.output_token_ids) + self.num_pending
 
     @property
     def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
@@ -68,7 +78,9 @@ class Request:
     def token_ids(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without building the whole list."""
         p = len(self.prompt_token_ids)
-        return self.prompt_token_ids[start:end] + self.output_token_ids[max(start - p, 0):max(end - p, 0)]
+        known = self.prompt_token_ids[start:end] + self.output_token_ids[max(start - p, 0):max(end - p, 0)]
+        missing = min(end, self.num_tokens) - max(start, self.num_known_tokens)
+        return known + [PENDING] * missing if missing > 0 else known
 
     @property
     def is_finished(self) -> bool:

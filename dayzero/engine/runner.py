@@ -25,6 +25,7 @@ from dayzero.cache import KVCacheManager
 from dayzero.cache.paged import PagedKVStorage, PagedStepCache
 from dayzero.cache.snapshots import SnapshotCache
 from dayzero.cache.step import SeqStep, build_step
+from dayzero.engine.request import PENDING
 from dayzero.engine.scheduler import ScheduledRequest, SchedulerOutput
 from dayzero.models import CausalLM
 
@@ -43,9 +44,12 @@ class PagedRunner:
         self.num_graph_steps = 0
 
     @torch.no_grad()
-    def execute(self, output: SchedulerOutput) -> tuple[list[str], torch.Tensor | None]:
+    def execute(self, output: SchedulerOutput, pending: tuple[list[str], torch.Tensor] | None = None
+                ) -> tuple[list[str], torch.Tensor | None]:
         """Run the step; returns the ids of the requests to sample for (those whose step reaches their
-        last known token) and their float32 logits [len(ids), vocab] (None when there are none)."""
+        last known token) and their float32 logits [len(ids), vocab] (None when there are none).
+        pending (async scheduling): (request ids, their sampled ids on the device) of the previous step,
+        whose values the host does not have yet: an input token given as PENDING is read from there."""
         for rid in output.preempted:
             self.free(rid)
         for s in output.scheduled:  # restore every resumed state before the forward
@@ -63,11 +67,14 @@ class PagedRunner:
                          self.slots[s.request.request_id], s.samples,
                          s.request.token_ids(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens))
                  for s in order]
+        patch = self._pending_inputs(order, steps, pending)
         if self.graphs is not None and self.graphs.takes(steps):
-            logits = self.graphs.run(steps)
+            logits = self.graphs.run(steps, patch)
             self.num_graph_steps += 1
         else:
             meta = build_step(steps, self.storage.layout, self.kv.block_size, self.device)
+            if patch is not None:
+                patch(meta.input_ids)
             logits = self.model.forward_packed(meta.input_ids, meta.positions,
                                                PagedStepCache(self.storage, meta, self.model.spec.num_layers))
         self.num_forwards += 1
@@ -78,6 +85,30 @@ class PagedRunner:
                 if done % self.kv.block_size == 0:
                     self._snapshot(s, done)
         return [s.request.request_id for s in order if s.samples], logits if logits.shape[0] else None
+
+    def _pending_inputs(self, order: list[ScheduledRequest], steps: list[SeqStep], pending):
+        """None, or a function writing the PENDING input tokens of `steps` (each the last token of a
+        decode row) into a step's device input ids from the previous step's sampled ids."""
+        rows, src, row = [], [], 0
+        where = None
+        for o, s in zip(order, steps):
+            if PENDING in s.token_ids:
+                if pending is None or s.token_ids.index(PENDING) != s.num_new - 1:
+                    raise RuntimeError("a step's input token is still on the device but no previous step holds it")
+                if where is None:
+                    where = {rid: i for i, rid in enumerate(pending[0])}
+                rows.append(row + s.num_new - 1)
+                src.append(where[o.request.request_id])
+            row += s.num_new
+        if not rows:
+            return None
+        index = torch.tensor([rows, src], dtype=torch.long, pin_memory=self.device.type == "cuda")
+        index = index.to(self.device, non_blocking=True)
+        tokens = pending[1]
+
+        def patch(input_ids: torch.Tensor) -> None:
+            input_ids[index[0]] = tokens[index[1]]
+        return patch
 
     @property
     def num_requests(self) -> int:

@@ -7,6 +7,13 @@ through `update`. One step is:
     sampled = runner.execute(output)          # {request_id: token id, or None for a partial prefill chunk}
     finished = scheduler.update(output, sampled)
 
+With async scheduling the update comes in two halves, so that the next step can be scheduled while
+this one's tokens are still on the device: `advance(output)` right after the step is launched (the
+requests move on by the tokens computed; each sampled token is counted as pending; a request that
+reaches max_tokens leaves the running set), and `resolve(output, sampled)` once the ids arrive (one
+step later: the tokens are appended and the stop checks run; a token of a request that ended in the
+meantime, by a stop string or an abort, is dropped).
+
 Policy (vLLM V1's, without priorities)
 - Token budget: at most max_num_batched_tokens tokens per step, at most max_num_seqs running requests.
 - Running requests first, in arrival order: a decode takes 1 token; an unfinished prefill takes what
@@ -238,6 +245,63 @@ class Scheduler:
                 finished.append(req)
         return finished
 
+    def advance(self, output: SchedulerOutput) -> None:
+        """The first half of update for async scheduling: the step is launched, its tokens are not known."""
+        for s in output.scheduled:
+            req = s.request
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            req.num_computed_tokens += s.num_new_tokens
+            self.num_computed_tokens_total += s.num_new_tokens
+            self._cache_known_blocks(req)
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk: nothing sampled
+            req.num_pending += 1
+            max_tokens = req.sampling_params.max_tokens
+            if max_tokens is not None and req.num_output_tokens >= max_tokens:
+                # its last token is in flight: nothing more to compute; resolve decides stop or length
+                self.finish(req, RequestStatus.FINISHED_LENGTH)
+
+    def resolve(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> tuple[dict[str, int], list[Request]]:
+        """The second half: the ids of the step `advance` recorded. Returns ({request id: token} of the
+        tokens appended, the requests finished by them). A token of a request stopped or aborted since
+        is dropped; a request that ended at max_tokens or out of pool blocks keeps its last token
+        (and an EOS or stop id among them makes it "stop")."""
+        appended: dict[str, int] = {}
+        finished: list[Request] = []
+        for s in output.scheduled:
+            req = s.request
+            if not s.samples or req.request_id not in sampled_token_ids:
+                continue
+            if req.num_pending < 1:
+                raise RuntimeError(f"request {req.request_id!r}: a token resolved that advance() did not count")
+            req.num_pending -= 1
+            if req.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED):
+                continue  # ended after this step was launched: its token is not part of the output
+            token = sampled_token_ids[req.request_id]
+            req.output_token_ids.append(token)
+            appended[req.request_id] = token
+            status, reason = self._check_stop(req, token)
+            if req.status is RequestStatus.FINISHED_LENGTH:  # ended while the token was in flight
+                if status is RequestStatus.FINISHED_STOPPED:
+                    req.status, req.stop_reason = status, reason
+                finished.append(req)
+                continue
+            if req.status is RequestStatus.RUNNING:
+                self._cache_known_blocks(req)
+            if status is not None:
+                self.finish(req, status, reason)
+                finished.append(req)
+        return appended, finished
+
+    def _cache_known_blocks(self, req: Request) -> None:
+        """cache_full_blocks where the computed tokens' ids are all on the host (else the window
+        reclaim only; the hashes follow when the ids arrive)."""
+        if req.num_known_tokens >= req.num_computed_tokens:
+            self.kv.cache_full_blocks(req)
+        else:
+            self.kv.reclaim(req)
+
     # -- internals --------------------------------------------------------------------------------
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
@@ -253,6 +317,6 @@ class Scheduler:
             return RequestStatus.FINISHED_STOPPED, None
         if token in params.stop_token_ids:
             return RequestStatus.FINISHED_STOPPED, token
-        if params.max_tokens is not None and req.num_output_tokens >= params.max_tokens:
+        if params.max_tokens is not None and len(req.output_token_ids) >= params.max_tokens:  # known ones
             return RequestStatus.FINISHED_LENGTH, None
         return None, None
