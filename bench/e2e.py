@@ -67,14 +67,14 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
 
 
-def dayzero_numbers(path: Path, args, vocab: int, cuda_graphs: bool, ttft: list[int]) -> dict:
+def dayzero_numbers(path: Path, args, vocab: int, mode: str, ttft: list[int]) -> dict:
     from dayzero import LLM, SamplingParams
 
     longest = max(ttft, default=0)
     t0 = time.perf_counter()
     llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=64, max_num_batched_tokens=args.budget,
               max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib, enable_prefix_caching=False,
-              cuda_graphs=cuda_graphs)
+              cuda_graphs=mode != "eager", async_scheduling=mode == "async")
     engine = llm.engine
     out: dict = {"start_s": time.perf_counter() - t0}
     if llm.runner.graphs is not None:
@@ -162,8 +162,9 @@ def main() -> None:
     ap.add_argument("--ttft", type=int, nargs="*", default=[4096, 16384, 32768])
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)")
     ap.add_argument("--kv-gib", type=float, default=16.0)
-    ap.add_argument("--modes", nargs="+", choices=["graphs", "eager"], default=["graphs", "eager"],
-                    help="dayzero with decode CUDA graphs and/or eagerly (TTFT: the first mode only)")
+    ap.add_argument("--modes", nargs="+", choices=["graphs", "eager", "async"], default=["graphs", "eager"],
+                    help="dayzero with decode CUDA graphs, eagerly, or with graphs and async scheduling "
+                    "(TTFT: the first mode only)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.quick:
@@ -181,7 +182,7 @@ def main() -> None:
     print(f"ceilings: copy {copy / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
     runs = {}
     for i, mode in enumerate(args.modes):
-        runs[mode] = dayzero_numbers(args.model, args, config["vocab_size"], mode == "graphs", args.ttft if i == 0 else [])
+        runs[mode] = dayzero_numbers(args.model, args, config["vocab_size"], mode, args.ttft if i == 0 else [])
         print(f"dayzero ({mode}): {runs[mode]}", flush=True)
     ours = runs[args.modes[0]]
     theirs = {} if args.no_transformers else transformers_numbers(args.model, args, config["vocab_size"])
