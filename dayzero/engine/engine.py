@@ -249,14 +249,10 @@ class Engine:
     def _step_async(self) -> list[RequestUpdate]:
         """Schedule and launch this step before the last step's ids reach the host (a decode's input
         token still on the device is read from there), then take the last step's ids: the host's
-        scheduling, metadata and detokenizing overlap the GPU's work. Penalties read a request's output
-        tokens while sampling, so while a request with penalties runs every step waits for its ids."""
+        scheduling, metadata and detokenizing overlap the GPU's work. (Penalties count a request's
+        tokens on the device as they are sampled: they need no host ids.)"""
         updates: list[RequestUpdate] = []
         prev, self._inflight = self._inflight, None
-        waits = self._penalties_running()
-        if prev is not None and waits:
-            updates += self._resolve(prev)
-            prev = None
         out = self.scheduler.schedule()
         for req in out.finished:  # ended while scheduling; one with a token in flight ends when it arrives
             if not req.num_pending:
@@ -270,19 +266,8 @@ class Engine:
         if prev is not None:
             updates += self._resolve(prev)
             self.num_overlapped_steps += 1
-        if current is not None and waits:
-            updates += self._resolve(current)
-        else:
-            self._inflight = current
+        self._inflight = current
         return updates
-
-    def _penalties_running(self) -> bool:
-        """Whether an unfinished request samples with a penalty (it reads its output tokens)."""
-        for t in self.tracks.values():
-            p = t.request.sampling_params
-            if not t.request.is_finished and (p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty):
-                return True
-        return False
 
     def _resolve(self, step: "_InFlight") -> list[RequestUpdate]:
         """The ids of a launched step: appended (scheduler.resolve), then text, stop strings, updates."""

@@ -87,6 +87,10 @@ class SamplingParams:
             self.stop_token_ids = []
 
     @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or bool(self.frequency_penalty) or bool(self.presence_penalty)
+
+    @property
     def greedy(self) -> bool:
         return _is_number(self.temperature) and self.temperature < GREEDY_TEMPERATURE
 
@@ -154,12 +158,22 @@ def _is_number(value) -> bool:
 @dataclass
 class SamplingState:
     """What the sampler needs of one request across steps. The engine appends each sampled token to
-    `output_token_ids` (it may share the list with its own request object)."""
+    `output_token_ids` (it may share the list with its own request object).
+
+    With penalties the state keeps its output-token counts on the device (`counts` float32 [V], and
+    `prompt_seen` bool [V] for the repetition penalty), built once and then updated in place: the
+    sampler adds each token it samples for the row (on the device, before the host has the id), and
+    tokens appended to output_token_ids beyond `counted` (the ones it did not sample) at the next call.
+    So a step's work does not grow with the output, and async scheduling can sample with penalties
+    while the previous ids are still on their way."""
 
     params: SamplingParams
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     generator: torch.Generator
+    counts: torch.Tensor | None = None
+    prompt_seen: torch.Tensor | None = None
+    counted: int = 0  # output tokens included in counts
 
 
 @dataclass
@@ -210,6 +224,9 @@ class Sampler:
                              f"for {len(states)} states")
         raw = logits.float()
         params = [s.params for s in states]
+        penalised = [i for i, p in enumerate(params) if p.has_penalties]
+        for i in penalised:
+            _sync_counts(states[i], self.vocab_size, raw.device)
         logits = apply_penalties(raw, states)
         token_ids = logits.argmax(-1)  # greedy rows keep this: the lowest token id among ties
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
@@ -219,6 +236,10 @@ class Sampler:
             uniform = torch.cat([torch.rand(1, generator=states[i].generator, device=probs.device, dtype=torch.float64)
                                  for i in random_rows])
             token_ids[rows] = inverse_cdf_sample(probs, uniform)
+        for i in penalised:  # this step's token, counted on the device
+            s = states[i]
+            s.counts.index_add_(0, token_ids[i:i + 1], torch.ones(1, device=raw.device))
+            s.counted += 1
         return SamplerOutput(token_ids, _gather_logprobs(raw, token_ids, params))
 
 
@@ -232,43 +253,45 @@ def inverse_cdf_sample(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tens
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
-def _token_counts(rows: list[list[int]], vocab_size: int, device) -> torch.Tensor:
-    """[B, V] float32: how often each token id occurs in each row's list."""
-    width = max((len(r) for r in rows), default=0)
-    ids = torch.full((len(rows), width), vocab_size, dtype=torch.int64)  # pad with an extra column
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = torch.as_tensor(r, dtype=torch.int64)
-    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.float32)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
-    return counts[:, :vocab_size].to(device)
+def _sync_counts(state: SamplingState, vocab_size: int, device) -> None:
+    """Make state.counts (and prompt_seen) cover its output tokens: built at the first call, then
+    only the tokens appended beyond `counted`."""
+    if state.counts is None or state.counts.device != torch.device(device):
+        state.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        state.counted = 0
+        state.prompt_seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        if state.prompt_token_ids:
+            state.prompt_seen[torch.tensor(state.prompt_token_ids, device=device)] = True
+    new = state.output_token_ids[state.counted:]
+    if new:
+        state.counts.index_add_(0, torch.tensor(new, dtype=torch.long, device=device), torch.ones(len(new), device=device))
+        state.counted += len(new)
 
 
 def apply_penalties(logits: torch.Tensor, states: list[SamplingState]) -> torch.Tensor:
     """Repetition penalty over prompt + output tokens, then frequency and presence over output tokens.
     Returns a new tensor; rows without penalties are unchanged."""
     params = [s.params for s in states]
-    rep = [p.repetition_penalty for p in params]
-    freq = [p.frequency_penalty for p in params]
-    pres = [p.presence_penalty for p in params]
-    if all(r == 1.0 for r in rep) and not any(freq) and not any(pres):
+    rows = [i for i, p in enumerate(params) if p.has_penalties]
+    if not rows:
         return logits
-    vocab = logits.shape[1]
-    dev = logits.device
-    # Only rows that use a penalty pay for counting their tokens.
-    output_counts = _token_counts([s.output_token_ids if (r != 1.0 or f or p) else []
-                                   for s, r, f, p in zip(states, rep, freq, pres)], vocab, dev)
+    vocab, dev = logits.shape[1], logits.device
+    for i in rows:
+        _sync_counts(states[i], vocab, dev)
+    index = torch.tensor(rows, device=dev)
+    counts = torch.stack([states[i].counts for i in rows])  # [P, V]
+    sub = logits[index]
+    rep = [params[i].repetition_penalty for i in rows]
     if any(r != 1.0 for r in rep):
-        prompt_counts = _token_counts([s.prompt_token_ids if r != 1.0 else [] for s, r in zip(states, rep)],
-                                      vocab, dev)
-        seen = (prompt_counts > 0) | (output_counts > 0)
+        seen = torch.stack([states[i].prompt_seen for i in rows]) | (counts > 0)
         r = torch.tensor(rep, device=dev).unsqueeze(1)
-        penalised = torch.where(logits > 0, logits / r, logits * r)
-        logits = torch.where(seen, penalised, logits)
-    if any(freq) or any(pres):
-        f = torch.tensor(freq, device=dev).unsqueeze(1)
-        p = torch.tensor(pres, device=dev).unsqueeze(1)
-        logits = logits - f * output_counts - p * (output_counts > 0).float()
-    return logits
+        sub = torch.where(seen, torch.where(sub > 0, sub / r, sub * r), sub)
+    f = torch.tensor([params[i].frequency_penalty for i in rows], device=dev).unsqueeze(1)
+    p = torch.tensor([params[i].presence_penalty for i in rows], device=dev).unsqueeze(1)
+    sub = sub - f * counts - p * (counts > 0).float()
+    out = logits.clone()
+    out[index] = sub
+    return out
 
 
 def sampling_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

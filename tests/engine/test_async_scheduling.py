@@ -85,7 +85,7 @@ def test_stop_strings_streams_aborts_and_penalties_on_the_demo():
     want = _outputs(sync, prompts, params)
     assert want[0][0][1] == "stop" and want[0][0][2] == stop
     assert _outputs(overlap, prompts, params) == want
-    assert overlap.engine.num_overlapped_steps >= 3  # once the request with penalties has finished
+    assert overlap.engine.num_overlapped_steps > 10  # penalties too: their counts live on the device
     # a stream abandoned after two pieces aborts its request; the next call is unaffected
     stream = overlap.stream("The lighthouse keeper", SamplingParams(max_tokens=30, temperature=0.0))
     next(stream), next(stream)

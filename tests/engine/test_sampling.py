@@ -153,8 +153,9 @@ def test_greedy_is_argmax_of_penalised_logits():
     for _ in range(10):
         logits = torch.randn(3, V)
         states = _states(Sampler(V), params, prompts, outputs)
+        want = apply_penalties(logits, states).argmax(-1)  # before: sampling counts its token in the states
         out = Sampler(V)(logits, states)
-        assert torch.equal(out.token_ids, apply_penalties(logits, states).argmax(-1))
+        assert torch.equal(out.token_ids, want)
         assert out.token_ids[0] == logits[0].argmax()
 
 
@@ -356,3 +357,23 @@ def test_a_stop_string_split_over_many_small_pieces_is_found_with_bounded_work()
         d = checker.check(piece, 7, n)
         assert len(checker.tail) <= 4
     assert (d.finish_reason, d.stop_reason, d.length) == ("stop", "<end>", 10000)
+
+
+def test_penalty_counts_follow_sampled_and_appended_tokens_incrementally():
+    """The device counts: built once, then the sampled token added on the device and appended tokens
+    the sampler did not sample added at the next call; equal to counting the whole output afresh."""
+    rng = random.Random(5)
+    params = SamplingParams(temperature=0, repetition_penalty=1.5, frequency_penalty=0.3, presence_penalty=0.2)
+    sampler = Sampler(V)
+    state = sampler.new_state(params, _rand_ids(rng, 12))
+    for step in range(12):
+        logits = torch.randn(1, V)
+        if step % 3 == 2:
+            state.output_token_ids.append(rng.randrange(V))  # a token from elsewhere (e.g. a forced one)
+        fresh = sampler.new_state(params, state.prompt_token_ids)
+        fresh.output_token_ids.extend(state.output_token_ids)
+        assert torch.equal(apply_penalties(logits, [state]), apply_penalties(logits, [fresh]))
+        token = int(sampler(logits, [state]).token_ids[0])
+        state.output_token_ids.append(token)  # what the engine does once the id is on the host
+    assert state.counted == len(state.output_token_ids) and int(state.counts.sum()) == len(state.output_token_ids)
+
