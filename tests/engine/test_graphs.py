@@ -139,12 +139,14 @@ def _check_every_graph_step_against_eager(llm, rel_tol):
     graphs, storage, errors = llm.runner.graphs, llm.runner.storage, []
     replay = graphs.run
 
-    def both(steps):
+    def both(steps, patch=None):
         before = {k: t.clone() for k, t in storage.states.items()}  # the step advances recurrent state:
-        got = replay(steps).clone()
+        got = replay(steps, patch).clone()
         for k, t in storage.states.items():  # the eager rerun starts from the same state as the replay
             t.copy_(before[k])
         meta = build_step(steps, storage.layout, llm.scheduler.kv.block_size, llm.model.device_)
+        if patch is not None:
+            patch(meta.input_ids)
         ref = llm.model.forward_packed(meta.input_ids, meta.positions,
                                        PagedStepCache(storage, meta, llm.model.spec.num_layers))
         errors.append(((got - ref).norm() / ref.norm()).item())
