@@ -273,6 +273,7 @@ class Engine:
         """The ids of a launched step: appended (scheduler.resolve), then text, stop strings, updates."""
         tokens = step.host_ids()
         appended, finished = self.scheduler.resolve(step.output, dict(zip(step.rids, tokens)))
+        appended = {rid: t for rid, t in appended.items() if rid in self.tracks}  # not aborted meanwhile
         logprobs = dict(zip(step.rids, step.logprobs))
         return self._apply(appended, {rid: logprobs[rid] for rid in appended}, {r.request_id for r in finished})
 
@@ -285,13 +286,15 @@ class Engine:
             if step_logprobs[rid] is not None:
                 track.logprobs.append(step_logprobs[rid])
             req = track.request
-            piece = self._release(track, flush=rid in finished)  # no more tokens come: the tail is final too
+            done = rid in finished  # (a request can be finished in the scheduler with tokens still in flight)
+            piece = self._release(track, flush=done)  # no more tokens come: the tail is final too
             decision = track.stop.check(piece, token, len(req.output_token_ids))
             if decision.finish_reason is not None:
                 track.final_length = decision.length
-                if rid not in finished:  # a stop string: the scheduler cannot see text
+                if not done:  # a stop string: the scheduler cannot see text
                     self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED, decision.stop_reason)
-            if req.is_finished:
+                    done = True
+            if done:
                 updates.append(self._finish_update(track, [token], step_logprobs[rid]))
             else:
                 ready = track.stop.streamable_length() - track.sent  # characters that cannot become a stop string

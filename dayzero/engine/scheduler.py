@@ -282,10 +282,12 @@ class Scheduler:
             req.output_token_ids.append(token)
             appended[req.request_id] = token
             status, reason = self._check_stop(req, token)
-            if req.status is RequestStatus.FINISHED_LENGTH:  # ended while the token was in flight
-                if status is RequestStatus.FINISHED_STOPPED:
+            if req.status is RequestStatus.FINISHED_LENGTH:  # ended while its tokens were in flight
+                if status is RequestStatus.FINISHED_STOPPED:  # an EOS or stop id first: later ones are dropped
                     req.status, req.stop_reason = status, reason
-                finished.append(req)
+                    finished.append(req)
+                elif not req.num_pending:  # its last token
+                    finished.append(req)
                 continue
             if req.status is RequestStatus.RUNNING:
                 self._cache_known_blocks(req)

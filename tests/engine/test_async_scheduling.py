@@ -99,3 +99,50 @@ def test_async_scheduling_stays_off_where_snapshots_key_on_the_ids(tmp_path, cap
     with caplog.at_level("INFO", logger="dayzero"):
         llm = LLM(FAMILIES["kimi_linear"][0](tmp_path), dtype="float32", async_scheduling=True)
     assert not llm.engine.async_scheduling and "async scheduling is off" in caplog.text
+
+
+def test_every_request_finishes_once_with_its_tokens(tmp_path):
+    """Driving the engine step by step: one finished update per request, its tokens streamed in order
+    (max_tokens reached with two tokens in flight, a stop id met while the next is in flight)."""
+    llm = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32", async_scheduling=True)
+    sync = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32")
+    engine = llm.engine
+    prompts = _prompts(llm.vocab_size, [4, 6, 9, 3])
+    first = sync.generate(prompts[2:3], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0].token_ids
+    params = [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in (1, 2, 8, 5)]
+    params[2] = SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=[first[3]])
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"r{i}", *engine.validate(p, sp))
+    streamed, finishes = {}, {}
+    while engine.has_unfinished():
+        for u in engine.step():
+            streamed.setdefault(u.request_id, []).extend(u.new_token_ids)
+            finishes[u.request_id] = finishes.get(u.request_id, 0) + u.finished
+    assert finishes == {f"r{i}": 1 for i in range(4)}
+    want = [o.token_ids for o in sync.generate(prompts, params)]
+    assert [streamed[f"r{i}"] for i in range(4)] == want and len(want[2]) == 4
+    for i in range(4):
+        assert engine.pop_finished(f"r{i}").request.output_token_ids == want[i]
+    _assert_pool_free(llm)
+
+
+def test_an_abort_while_the_last_token_is_in_flight(tmp_path):
+    """A request that reached max_tokens (its last token still on the way) and is then aborted: no
+    finish update for it, nothing breaks, the others finish, the pool ends free."""
+    llm = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32", async_scheduling=True)
+    engine = llm.engine
+    prompts = _prompts(llm.vocab_size, [4, 6])
+    engine.add_request("short", *engine.validate(prompts[0], SamplingParams(max_tokens=2, temperature=0.0,
+                                                                              ignore_eos=True)))
+    engine.add_request("long", *engine.validate(prompts[1], SamplingParams(max_tokens=6, temperature=0.0,
+                                                                             ignore_eos=True)))
+    seen, aborted = [], False
+    while engine.has_unfinished():
+        updates = engine.step()
+        seen += [u.request_id for u in updates if u.finished]
+        req = engine.tracks["short"].request if "short" in engine.tracks else None
+        if req is not None and req.is_finished and req.num_pending:
+            assert engine.abort("short") is False  # already finished in the scheduler: nothing to cancel
+            aborted = True
+    assert aborted and "short" not in seen and "long" in seen and engine.pop_finished("long").request.num_output_tokens == 6
+    _assert_pool_free(llm)

@@ -26,7 +26,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(**config) -> Running:
+def start_server(llm_kwargs: dict | None = None, **config) -> Running:
     import uvicorn
 
     from dayzero.engine.llm import LLM
@@ -34,7 +34,7 @@ def start_server(**config) -> Running:
     from dayzero.server.serve import DEMO_SERVED_NAME
 
     max_running = config.get("max_running_requests", 16)
-    llm = LLM(max_num_seqs=max_running)
+    llm = LLM(max_num_seqs=max_running, **(llm_kwargs or {}))
     app = create_app(llm, ServerConfig(served_model_name=DEMO_SERVED_NAME, **config))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",

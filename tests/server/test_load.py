@@ -12,7 +12,7 @@ import random
 
 import httpx
 
-from tests.server.conftest import wait_pool_free
+from tests.server.conftest import start_server, stop_server, wait_pool_free
 
 NUM_REQUESTS = 520 if os.environ.get("DAYZERO_FULL_TESTS") == "1" else 132  # a multiple of the 6 kinds
 CONCURRENCY = 64
@@ -56,7 +56,7 @@ async def _one(client: httpx.AsyncClient, i: int, rng: random.Random) -> str:
     return kind
 
 
-def test_load(url):
+def _run_load(url: str, num_requests: int) -> list[str]:
     async def main():
         rng = random.Random(0)
         sem = asyncio.Semaphore(CONCURRENCY)
@@ -66,9 +66,28 @@ def test_load(url):
                 async with sem:
                     return await _one(client, i, rng)
 
-            return await asyncio.gather(*[bounded(i) for i in range(NUM_REQUESTS)])
+            return await asyncio.gather(*[bounded(i) for i in range(num_requests)])
 
-    kinds = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_load_with_async_scheduling():
+    """The same mix (fewer requests) against a server whose engine schedules each step before the
+    last step's ids arrive: every request completes, disconnects abort, the pool ends free."""
+    running = start_server(llm_kwargs={"async_scheduling": True, "enable_prefix_caching": False})
+    try:
+        engine = running.app.state.async_engine.engine
+        assert engine.async_scheduling
+        assert len(_run_load(running.url, 36)) == 36
+        assert httpx.get(f"{running.url}/health", timeout=10).status_code == 200
+        wait_pool_free(running.url)
+        assert engine.num_overlapped_steps > 0
+    finally:
+        stop_server(running)
+
+
+def test_load(url):
+    kinds = _run_load(url, NUM_REQUESTS)
     assert len(kinds) == NUM_REQUESTS
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
     info = wait_pool_free(url)
