@@ -257,12 +257,15 @@ class Engine:
         for req in out.finished:  # ended while scheduling; one with a token in flight ends when it arrives
             if not req.num_pending:
                 updates.append(self._finish_update(self.tracks[req.request_id], []))
+            else:
+                self.runner.free(req.request_id)  # its state slot is free for this step's admissions
         rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
         current = None
         if rids:
             result = self.sampler(logits, [self.tracks[r].state for r in rids])
             current = _InFlight(out, rids, result.token_ids, result.logprobs)
-        self.scheduler.advance(out)
+        for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions
+            self.runner.free(req.request_id)
         if prev is not None:
             updates += self._resolve(prev)
             self.num_overlapped_steps += 1

@@ -245,8 +245,10 @@ class Scheduler:
                 finished.append(req)
         return finished
 
-    def advance(self, output: SchedulerOutput) -> None:
-        """The first half of update for async scheduling: the step is launched, its tokens are not known."""
+    def advance(self, output: SchedulerOutput) -> list[Request]:
+        """The first half of update for async scheduling: the step is launched, its tokens are not known.
+        Returns the requests that reached max_tokens (ended here; their last token is in flight)."""
+        ended = []
         for s in output.scheduled:
             req = s.request
             if req.status is not RequestStatus.RUNNING:
@@ -261,6 +263,8 @@ class Scheduler:
             if max_tokens is not None and req.num_output_tokens >= max_tokens:
                 # its last token is in flight: nothing more to compute; resolve decides stop or length
                 self.finish(req, RequestStatus.FINISHED_LENGTH)
+                ended.append(req)
+        return ended
 
     def resolve(self, output: SchedulerOutput, sampled_token_ids: dict[str, int]) -> tuple[dict[str, int], list[Request]]:
         """The second half: the ids of the step `advance` recorded. Returns ({request id: token} of the
