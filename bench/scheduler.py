@@ -6,7 +6,8 @@ slot mapping and right-aligned read indices of every cache group and entry rate,
 tables), the batched sampler (greedy and top-p at the demo model's vocabulary), detokenization with
 stop-string checks, and, as the baseline the bookkeeping is weighed against, the model forwards of
 the same step on the demo model through the engine's paged runner (DeepSeek-V4 decodes one row per
-forward), and the whole engine step. Prints a table of microseconds per step and the ratio of each
+forward), and the whole engine step; also the decode graphs' metadata fill (StaticStep.fill) for 256
+sequences of 4K tokens. Prints a table of microseconds per step and the ratio of each
 part to the model step.
 
     python bench/scheduler.py [--requests 256] [--steps 20]
@@ -110,9 +111,22 @@ def main() -> None:
     seq_steps = [SeqStep(start, 1, table, slot, True, [1]) for start, table, slot in zip(starts, tables, slots)]
     metadata_us = timed(lambda: build_step(seq_steps, layout, kv.block_size, "cpu"), steps)
 
+    # the decode graphs' metadata (StaticStep.fill) for a gpt-oss-like layout (a full and a window group)
+    from dayzero.cache.layout import CacheLayout, StreamSpec
+    from dayzero.cache.static_step import StaticStep
+
+    graph_layout = CacheLayout([StreamSpec(0, "k", (8, 64), torch.bfloat16, None, 1),
+                                StreamSpec(1, "k", (8, 64), torch.bfloat16, 128, 1)], [])
+    static = StaticStep(graph_layout, 16, n, 16 * 1024, [0, 0], 0, "cpu")
+    per_seq = 4096 // 16 + 1  # 4K-token contexts
+    graph_steps = [SeqStep(4096, 1, [list(range(i * per_seq, (i + 1) * per_seq))] * 2, i, True, [1]) for i in range(n)]
+    static.fill(graph_steps, n)  # the first fill writes whole rows; later ones only new tails
+    static_us = timed(lambda: static.fill(graph_steps, n), steps)
+
     rows = [
         ("scheduler schedule + update", sched_us),
         ("step metadata (build_step, all groups)", metadata_us),
+        ("graph metadata (StaticStep.fill, 4K)", static_us),
         ("sampler, greedy", greedy_us),
         ("sampler, temperature + top-p, seeded", topp_us),
         ("detokenize + stop strings", detok_us),

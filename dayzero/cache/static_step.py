@@ -15,7 +15,10 @@ page of each group (`PagedKVStorage.scratch_pages`) and its scratch state slot, 
 a request's cache. Only the first `n` logits rows mean anything.
 
 Stale table entries past a sequence's pages are not cleared: attention kernels read only the pages
-covering [0, seq_len) (and sliding-window kernels fewer), so what lies beyond is never read.
+covering [0, seq_len) (and sliding-window kernels fewer), so what lies beyond is never read. For the
+same reason a row that holds the same request's table as last step gets only the table's new tail
+written (a table only grows while its request runs; an entry reclaimed out of a window keeps its old
+page id, which no kernel reads again): a step's host work does not grow with the context.
 
 Host values in `meta` (the SeqBatch host tuples) choose the kernels' launch shapes (split counts,
 tiles) when the graph is captured; the kernels read the real lengths from the device buffers.
@@ -69,6 +72,10 @@ class StaticStep:
         self.host["query_start"][:] = np.arange(s + 1)
         self.host["logits_indices"][:] = np.arange(s)
         self._copied: torch.cuda.Event | None = None
+        # per group and row: the table list written there last and how many of its entries (tables only
+        # grow while a request runs, and reclaimed entries are never read again: only the tail is new)
+        self._owner = {g: [None] * s for g in self.groups}
+        self._written = {g: [0] * s for g in self.groups}
         self.fill([], s)  # every row padding: what capture runs on
 
     def _view(self, buf: torch.Tensor, name: str) -> torch.Tensor:
@@ -112,15 +119,21 @@ class StaticStep:
         h["state_slots"][n:b] = self.scratch_slot
         for g in self.groups:
             table, scratch = h[f"table{g}"], self.scratch_pages[g]
+            owner, written = self._owner[g], self._written[g]
             for i, s in enumerate(steps):
                 row = s.tables[g]
                 if len(row) >= self.width or s.start >= self.max_len:
                     raise ValueError(f"StaticStep.fill: a sequence at token {s.start} with {len(row)} pages exceeds "
                                      f"the graphs' {self.max_len} tokens ({self.width - 1} pages)")
-                table[i, :len(row)] = [-1 if p is None else p for p in row]
-                table[i, len(row)] = -1
+                lo = written[i] if owner[i] is row and len(row) >= written[i] else 0
+                if lo < len(row):
+                    table[i, lo:len(row)] = [-1 if p is None else p for p in row[lo:]]
+                    table[i, len(row)] = -1
+                owner[i], written[i] = row, len(row)
             table[n:b, 0] = scratch
             table[n:b, 1] = -1
+            for i in range(n, b):
+                owner[i] = None
             page = table[np.arange(n), starts // bs] if n else np.zeros(0, np.int32)
             if (page < 0).any():
                 raise RuntimeError(f"a graph step writes cache group {g} entries into a block that is not allocated")

@@ -74,6 +74,53 @@ def test_the_static_step_holds_what_build_step_builds_and_pads_with_scratch():
         assert got.logits_indices.tolist() == list(range(b))
 
 
+def test_the_static_step_writes_only_new_table_tails_and_stays_right():
+    """Across steps: tables grow in place, window entries are reclaimed (None), requests leave and
+    others take their rows, the batch shrinks to padding and grows again. Every live page of every
+    row and every write location must be build_step's."""
+    rng = np.random.default_rng(1)
+    bs, static = 4, StaticStep(LAYOUT, 4, 8, 4 * 30, [90, 91], 9, "cpu")
+    live, next_page = {}, 0  # request -> [start, full table, window table]
+
+    def admit(rid):
+        nonlocal next_page
+        start = int(rng.integers(1, 20))
+        pages = list(range(next_page, next_page + start // bs + 1))
+        next_page += len(pages)
+        live[rid] = [start, pages, list(pages)]
+
+    for rid in range(5):
+        admit(rid)
+    for step in range(40):
+        if rng.random() < 0.2 and live:
+            live.pop(int(rng.choice(list(live))))
+        if rng.random() < 0.3 and len(live) < 8:
+            admit(100 + step)
+        steps = []
+        for rid, entry in live.items():
+            entry[0] += 1
+            start, full, window = entry
+            while len(full) <= start // bs:
+                full.append(next_page)
+                window.append(next_page)
+                next_page += 1
+            for j in range(max(0, start // bs - 2)):
+                window[j] = None  # reclaimed out of the window
+            steps.append(SeqStep(start, 1, [full, window], rid % 8, True, [rid]))
+        if not steps:
+            continue
+        b = min(x for x in graph_buckets(8) if x >= len(steps))
+        static.fill(steps, b)
+        got = static.meta(b, tuple(s.start + 1 for s in steps) + (1,) * (b - len(steps)))
+        ref = build_step(steps, LAYOUT, bs, "cpu")
+        for g in (0, 1):
+            for i, s in enumerate(steps):
+                for j, p in enumerate(s.tables[g]):
+                    if p is not None:
+                        assert int(got.block_tables[g][i, j]) == p, (step, g, i, j)
+            assert got.writes[g, 1][0][:len(steps)].tolist() == ref.writes[g, 1][0].tolist()
+
+
 def test_the_static_step_refuses_what_a_graph_cannot_run():
     static = StaticStep(LAYOUT, 4, 4, 12, [9, 9], 0, "cpu")
     assert static.meta(2).seqs.seq_lens_host == (12, 12)  # kernels plan for the longest sequence
