@@ -6,8 +6,9 @@ slot mapping and right-aligned read indices of every cache group and entry rate,
 tables), the batched sampler (greedy and top-p at the demo model's vocabulary), detokenization with
 stop-string checks, and, as the baseline the bookkeeping is weighed against, the model forwards of
 the same step on the demo model through the engine's paged runner (DeepSeek-V4 decodes one row per
-forward), and the whole engine step; also the decode graphs' metadata fill (StaticStep.fill) for 256
-sequences of 4K tokens. Prints a table of microseconds per step and the ratio of each
+forward), and the whole engine step; also, for 256 sequences of 4K tokens, the decode graphs' metadata
+fill (StaticStep.fill) and build_step with its tables converted afresh and through the runner's
+HostTables (incrementally). Prints a table of microseconds per step and the ratio of each
 part to the model step.
 
     python bench/scheduler.py [--requests 256] [--steps 20]
@@ -122,11 +123,21 @@ def main() -> None:
     graph_steps = [SeqStep(4096, 1, [list(range(i * per_seq, (i + 1) * per_seq))] * 2, i, True, [1]) for i in range(n)]
     static.fill(graph_steps, n)  # the first fill writes whole rows; later ones only new tails
     static_us = timed(lambda: static.fill(graph_steps, n), steps)
+    from collections import defaultdict
+
+    from dayzero.cache.step import HostTables
+
+    host = defaultdict(HostTables)
+    build_step(graph_steps, graph_layout, 16, "cpu", host)  # the first call converts whole tables
+    fresh_us = timed(lambda: build_step(graph_steps, graph_layout, 16, "cpu"), steps)
+    incremental_us = timed(lambda: build_step(graph_steps, graph_layout, 16, "cpu", host), steps)
 
     rows = [
         ("scheduler schedule + update", sched_us),
         ("step metadata (build_step, all groups)", metadata_us),
         ("graph metadata (StaticStep.fill, 4K)", static_us),
+        ("build_step, 4K ctx, tables afresh", fresh_us),
+        ("build_step, 4K ctx, HostTables", incremental_us),
         ("sampler, greedy", greedy_us),
         ("sampler, temperature + top-p, seeded", topp_us),
         ("detokenize + stop strings", detok_us),

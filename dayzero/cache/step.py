@@ -67,8 +67,43 @@ def _table_array(tables: list[list[int | None]]) -> np.ndarray:
     return out
 
 
-def build_step(seqs: list[SeqStep], layout, block_size: int, device: torch.device | str) -> StepMetadata:
-    """The StepMetadata of `seqs`, in their order. A sequence's tables must cover its new tokens."""
+class HostTables:
+    """int32 copies of the block tables of the last step's sequences, kept per table list and brought up
+    to date in place: a table only grows while its request runs, and the entries a sliding window
+    reclaims (None) go from its front, so a step converts only the new tail and the newly reclaimed
+    head. The result equals `_table_array`'s. Tables of sequences not in the step are dropped."""
+
+    def __init__(self):
+        self._rows: dict[int, list] = {}  # id(table) -> [table, int32 buffer, converted, first live]
+
+    def array(self, tables: list[list[int | None]]) -> np.ndarray:
+        width = max((len(t) for t in tables), default=0) + 1
+        out = np.full((len(tables), width), -1, dtype=np.int32)
+        rows: dict[int, list] = {}
+        for b, t in enumerate(tables):
+            entry = self._rows.get(id(t))
+            if entry is None or entry[0] is not t or len(t) < entry[2]:
+                entry = [t, np.empty(max(8, 2 * len(t)), dtype=np.int32), 0, 0]
+            _, buf, done, live = entry
+            if len(t) > buf.shape[0]:
+                buf = np.concatenate([buf[:done], np.empty(2 * len(t) - done, dtype=np.int32)])
+            if len(t) > done:
+                buf[done:len(t)] = [-1 if p is None else p for p in t[done:]]
+            while live < len(t) and t[live] is None:  # reclaimed since (a window's front)
+                buf[live] = -1
+                live += 1
+            entry[1:] = [buf, len(t), live]
+            rows[id(t)] = entry
+            out[b, :len(t)] = buf[:len(t)]
+        self._rows = rows
+        return out
+
+
+def build_step(seqs: list[SeqStep], layout, block_size: int, device: torch.device | str,
+               host_tables: dict[int, HostTables] | None = None) -> StepMetadata:
+    """The StepMetadata of `seqs`, in their order. A sequence's tables must cover its new tokens.
+    host_tables: the runner's HostTables per cache group (a defaultdict), so that tables are converted
+    incrementally."""
     device = torch.device(device)
     starts = np.array([s.start for s in seqs], dtype=np.int64)
     counts = np.array([s.num_new for s in seqs], dtype=np.int64)
@@ -87,7 +122,8 @@ def build_step(seqs: list[SeqStep], layout, block_size: int, device: torch.devic
     tables = {}
     for g, rate, per_block in layout.stream_kinds(block_size):
         if g not in tables:
-            tables[g] = _table_array([s.tables[g] for s in seqs])
+            rows = [s.tables[g] for s in seqs]
+            tables[g] = host_tables[g].array(rows) if host_tables is not None else _table_array(rows)
             ints.append((f"table{g}", tables[g]))
         first, last = starts // rate, ends // rate
         num = last - first

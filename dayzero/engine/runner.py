@@ -19,12 +19,14 @@ running the forward eagerly; `num_graph_steps` counts those.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
 from dayzero.cache import KVCacheManager
 from dayzero.cache.paged import PagedKVStorage, PagedStepCache
 from dayzero.cache.snapshots import SnapshotCache
-from dayzero.cache.step import SeqStep, build_step
+from dayzero.cache.step import HostTables, SeqStep, build_step
 from dayzero.engine.request import PENDING
 from dayzero.engine.scheduler import ScheduledRequest, SchedulerOutput
 from dayzero.models import CausalLM
@@ -41,6 +43,7 @@ class PagedRunner:
         self.num_forwards = 0
         self.num_tokens = 0
         self.graphs = None  # DecodeGraphs, when decode steps replay CUDA graphs
+        self.host_tables = defaultdict(HostTables)  # per cache group: tables converted incrementally
         self.num_graph_steps = 0
 
     @torch.no_grad()
@@ -72,7 +75,7 @@ class PagedRunner:
             logits = self.graphs.run(steps, patch)
             self.num_graph_steps += 1
         else:
-            meta = build_step(steps, self.storage.layout, self.kv.block_size, self.device)
+            meta = build_step(steps, self.storage.layout, self.kv.block_size, self.device, self.host_tables)
             if patch is not None:
                 patch(meta.input_ids)
             logits = self.model.forward_packed(meta.input_ids, meta.positions,

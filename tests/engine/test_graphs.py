@@ -121,6 +121,44 @@ def test_the_static_step_writes_only_new_table_tails_and_stays_right():
             assert got.writes[g, 1][0][:len(steps)].tolist() == ref.writes[g, 1][0].tolist()
 
 
+def test_host_tables_convert_incrementally_and_equal_the_full_conversion():
+    """build_step with the runner's HostTables gives exactly the arrays of converting every table
+    afresh, across growing tables, window reclaim from the front, tables leaving and returning."""
+    from collections import defaultdict
+
+    from dayzero.cache.step import HostTables
+
+    rng = np.random.default_rng(2)
+    host = defaultdict(HostTables)
+    live, next_page = {}, 0
+    for step in range(60):
+        if rng.random() < 0.3 or not live:
+            start = int(rng.integers(1, 30))
+            pages = list(range(next_page, next_page + start // 4 + 1))
+            next_page += len(pages)
+            live[step] = [start, pages, [None] * (len(pages) // 2) + pages[len(pages) // 2:]]
+        if rng.random() < 0.15 and len(live) > 1:
+            live.pop(int(rng.choice(list(live))))
+        steps = []
+        for rid, entry in live.items():
+            if rng.random() < 0.2:
+                continue  # not scheduled this step
+            entry[0] += int(rng.integers(1, 9))
+            start, full, window = entry
+            while len(full) <= start // 4:
+                full.append(next_page)
+                window.append(next_page)
+                next_page += 1
+            for j in range(max(0, start // 4 - 2)):
+                window[j] = None
+            steps.append(SeqStep(start - 1, 1, [full, window], 0, True, [1]))
+        if not steps:
+            continue
+        got, want = build_step(steps, LAYOUT, 4, "cpu", host), build_step(steps, LAYOUT, 4, "cpu")
+        for g in (0, 1):
+            assert torch.equal(got.block_tables[g], want.block_tables[g]), (step, g)
+
+
 def test_the_static_step_refuses_what_a_graph_cannot_run():
     static = StaticStep(LAYOUT, 4, 4, 12, [9, 9], 0, "cpu")
     assert static.meta(2).seqs.seq_lens_host == (12, 12)  # kernels plan for the longest sequence
