@@ -225,9 +225,7 @@ class Sampler:
         raw = logits.float()
         params = [s.params for s in states]
         penalised = [i for i, p in enumerate(params) if p.has_penalties]
-        for i in penalised:
-            _sync_counts(states[i], self.vocab_size, raw.device)
-        logits = apply_penalties(raw, states)
+        logits = apply_penalties(raw, states)  # brings the penalised rows' counts up to date
         token_ids = logits.argmax(-1)  # greedy rows keep this: the lowest token id among ties
         random_rows = [i for i, p in enumerate(params) if not p.greedy]
         if random_rows:
