@@ -31,8 +31,9 @@ def add_engine_arguments(p: argparse.ArgumentParser, max_running_requests: int |
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32")
     p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",
                    help="run every step eagerly (default on CUDA: decode steps replay captured CUDA graphs)")
-    p.add_argument("--async-scheduling", action="store_true",
-                   help="schedule and launch each step before the last one's sampled ids reach the host")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule and launch each step before the last one's sampled ids reach the host "
+                        "(default: on for CUDA)")
 
 
 def llm_kwargs(args: argparse.Namespace) -> dict:

@@ -95,7 +95,7 @@ class Engine:
                  block_size: int = DEFAULT_BLOCK_SIZE, num_kv_blocks: int | None = None, kv_cache_bytes: float | None = None,
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
                  kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False,
-                 async_scheduling: bool = False,
+                 async_scheduling: bool | None = None,
                  startup: StartupTimer | None = None):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
@@ -156,6 +156,8 @@ class Engine:
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
+        if async_scheduling is None:  # on where the host's work overlaps the device's
+            async_scheduling = model.device_.type == "cuda"
         self.async_scheduling = async_scheduling and snapshots is None
         if async_scheduling and snapshots is not None:
             log.info("%s: async scheduling is off: recurrent-state snapshots (prefix caching) key on the sampled ids",

@@ -65,7 +65,7 @@ class LLM:
                  num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto",
                  fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
                  cuda_graphs: bool = True, enforce_eager: bool = False, load_threads: int | None = None,
-                 async_scheduling: bool = False):
+                 async_scheduling: bool | None = None):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
@@ -77,8 +77,9 @@ class LLM:
         cuda_graphs: on CUDA, decode steps replay CUDA graphs captured per batch-size bucket where the model
         allows (dayzero.engine.graphs); False, or vLLM's enforce_eager=True, runs every step eagerly.
         load_threads: threads reading the checkpoint (default DAYZERO_LOAD_THREADS; 0: automatic).
-        async_scheduling (vLLM's name; off until measured on the GPU): the host schedules and launches
-        each step while the last one's sampled ids are still on their way (Engine._step_async).
+        async_scheduling (vLLM's name): the host schedules and launches each step while the last one's
+        sampled ids are still on their way (Engine._step_async); None (default): on CUDA, where the host
+        work overlaps the GPU's (the CPU runs its ops synchronously: nothing to overlap).
         Startup is timed phase by phase: `llm.startup` (a dayzero.startup.StartupTimer: .report(), .as_dict()),
         and its one-line summary is logged at INFO on the "dayzero.engine.llm" logger."""
         from dayzero.models import load_model

@@ -46,7 +46,7 @@ def test_a_decode_step_never_synchronizes_the_host(name, tmp_path):
     torch.cuda.set_sync_debug_mode("error"): any .item(), .tolist(), bool(tensor) or blocking copy
     raises. The sampled ids' one device-to-host copy happens after, in the engine."""
     builder, _ = FAMILIES[name]
-    llm = LLM(builder(tmp_path), dtype="bfloat16", device="cuda")
+    llm = LLM(builder(tmp_path), dtype="bfloat16", device="cuda", async_scheduling=False)  # no pending inputs
     engine = llm.engine
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     for i, p in enumerate(_prompts(llm.vocab_size, [5, 20, 40])):
