@@ -11,7 +11,7 @@ before it is timed so that kernels are compiled and layer graphs captured):
   prefill of 64 x 128-token prompts: from adding the requests to every first token;
       transformers: generate(max_new_tokens=1) over the [64, 128] batch;
   TTFT of one long prompt (4K / 16K / 32K, chunked by max_num_batched_tokens).
-Roofline, measured in the same run: copy bandwidth (a 2 GiB device-to-device copy: bytes read +
+Roofline (gpt-oss: `Shapes`; other families: `SpecShapes`, from dayzero's spec), measured in the same run: copy bandwidth (a 2 GiB device-to-device copy: bytes read +
 written / time) and the bf16 matmul rate (8192^3 on random data). A decode step reads every
 non-expert weight, lm_head, the experts its tokens route to (expected distinct experts of B tokens
 picking top-k of E uniformly) and the KV cache; a prefill does 2 x active parameters FLOPs per token
@@ -60,6 +60,44 @@ class Shapes:
         t = tokens_per_seq
         attn = self.layers // 2 * (4 * self.heads * self.d * t * t / 2 + 4 * self.heads * self.d * t * min(t, self.window))
         return seqs * (2 * active * t + attn)
+
+
+class SpecShapes:
+    """Bytes and FLOPs of any family from dayzero's spec of the checkpoint (dayzero.plan): every
+    non-embedding weight in its stored format (the tied table counted as lm_head), each MoE layer's
+    expected distinct routed experts of the batch, the KV cache entries of the context (a window's or a
+    compressor's bounded part once per sequence); prefill: 2 x active parameters per token (attention
+    scores not counted: under 1% at 128 tokens)."""
+
+    def __init__(self, path: Path):
+        from dayzero import plan
+        from dayzero.spec import load_spec
+
+        spec = self.spec = load_spec(path)
+        q = spec.quant
+
+        def bpp(category: str) -> float:
+            fmt = plan._category_format(spec, category)
+            group = q.group_size if fmt in ("mxfp4", "int4") else None
+            return plan.bytes_per_param(fmt, fp8_block=q.fp8_block, scale_fmt=q.scale_fmt, group_size=group)
+
+        counts = plan.param_counts(spec)
+        skip = ("embedding", "routed_experts", "vision")
+        self.dense_bytes = sum(n * bpp(c) for c, n in counts.items() if c not in skip)
+        if spec.tie_word_embeddings:
+            self.dense_bytes += counts["embedding"] * bpp("lm_head")
+        self.moe = [layer.mlp.experts for layer in spec.layers if layer.mlp.experts is not None]
+        self.expert_bytes = [plan.expert_params(e) * bpp("routed_experts") for e in self.moe]
+        self.active = plan.active_params(spec)
+        self.caches = [plan.layer_cache(layer.attention) for layer in spec.layers]
+
+    def decode_bytes(self, batch: int, context: int) -> float:
+        experts = sum(e.num * (1 - (1 - e.top_k / e.num) ** batch) * b for e, b in zip(self.moe, self.expert_bytes))
+        kv = sum(c.per_token * context + c.fixed for c in self.caches)
+        return self.dense_bytes + experts + batch * kv
+
+    def prefill_flops(self, tokens_per_seq: int, seqs: int) -> float:
+        return 2 * self.active * tokens_per_seq * seqs
 
 
 def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -176,7 +214,7 @@ def main() -> None:
         write_checkpoint("gpt-oss-20b", args.model, "cuda")
         print(f"wrote {args.model} in {time.perf_counter() - t0:.0f} s", flush=True)
     config = json.loads((args.model / "config.json").read_text())
-    shapes = Shapes(config)
+    shapes = Shapes(config) if config.get("model_type") == "gpt_oss" else SpecShapes(args.model)
     copy, flops = copy_bandwidth(), matmul_rate()
     torch.cuda.empty_cache()
     print(f"ceilings: copy {copy / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)

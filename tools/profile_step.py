@@ -2,7 +2,10 @@
 prefill step) of a checkpoint, the top ops by host and by device time, the kernel count, and the
 wall time of each step phase, plus dayzero's bf16 logits against transformers' on the same prompt.
 
-    python tools/profile_step.py /tmp/gpt-oss-20b --batch 1 64 [--compare]
+    python tools/profile_step.py /tmp/gpt-oss-20b --batch 1 64 [--compare] [--eager] [--pyprof]
+
+--eager: decode steps without CUDA graphs (every launch from Python); --pyprof: also the Python functions
+that take the host time of those decode steps (cProfile, by own time and by cumulative time).
 """
 
 from __future__ import annotations
@@ -19,17 +22,37 @@ def _prompts(n, length, vocab, seed):
     return torch.randint(10, vocab - 10, (n, length), generator=g).tolist()
 
 
+def _pyprof(engine, rows: int, steps: int = 5) -> None:
+    import cProfile
+    import pstats
+
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    for _ in range(steps):
+        engine.step()
+    torch.cuda.synchronize()
+    prof.disable()
+    print(f"cProfile: {1e3 * (time.perf_counter() - t0) / steps:.1f} ms a decode step (profiled)")
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, nargs="*", default=[1, 64])
     ap.add_argument("--compare", action="store_true", help="prefill logits vs transformers (bf16)")
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--eager", action="store_true", help="cuda_graphs=False")
+    ap.add_argument("--pyprof", action="store_true", help="cProfile the profiled decode steps")
     args = ap.parse_args()
     from dayzero import LLM, SamplingParams
 
     llm = LLM(args.model, device="cuda", dtype="bfloat16", max_num_seqs=64, max_num_batched_tokens=8192,
-              max_model_len=4096, kv_cache_gib=8)
+              max_model_len=4096, kv_cache_gib=8, cuda_graphs=not args.eager)
     engine, vocab = llm.engine, llm.vocab_size
     for batch in args.batch:
         params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0)
@@ -53,6 +76,8 @@ def main() -> None:
                 print(f"batch {batch}: {kernels / 3:.0f} kernels per decode step")
                 print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
                 print(events.table(sort_by="self_cuda_time_total", row_limit=args.rows))
+                if args.pyprof:
+                    _pyprof(engine, args.rows)
             times = []
             while engine.has_unfinished():
                 t0 = time.perf_counter()
