@@ -194,10 +194,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--make", action="store_true", help="write the random gpt-oss-20b checkpoint there if absent")
-    ap.add_argument("--quick", action="store_true", help="fewer decode steps, TTFT at 4K only")
+    ap.add_argument("--quick", action="store_true", help="fewer decode steps, TTFT at 4K unless --ttft says")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--ttft", type=int, nargs="*", default=[4096, 16384, 32768])
+    ap.add_argument("--ttft", type=int, nargs="*", default=None, help="prompt lengths (default 4K 16K 32K; --quick: 4K)")
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)")
     ap.add_argument("--kv-gib", type=float, default=16.0)
     ap.add_argument("--modes", nargs="+", choices=["graphs", "eager", "async"], default=["graphs", "eager"],
@@ -206,7 +206,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.quick:
-        args.steps, args.ttft = 8, [t for t in args.ttft if t <= 4096]
+        args.steps = 8
+    if args.ttft is None:
+        args.ttft = [4096] if args.quick else [4096, 16384, 32768]
     if args.make and not (args.model / "config.json").exists():
         from bench.checkpoints import write_checkpoint
 

@@ -39,8 +39,9 @@ import torch
 
 from dayzero.cache.layout import CacheLayout, StateSpec, StreamSpec, align_up, cache_layout
 from dayzero.cache.step import StepMetadata
-from dayzero.formats.fp8 import quantize_activation_groups
-from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
+from dayzero import ops
+from dayzero.ops.kv_write import write_entries
+from dayzero.ops.paged import PagedStream, SeqBatch
 
 class _ProbeLayer:
     """Records what a layer caches while the model runs on one token: each stream it appends to (a
@@ -59,6 +60,11 @@ class _ProbeLayer:
 
     def stream(self, name):
         return self.streams[name]
+
+    def rope_append(self, q, k, v, cos, sin, interleaved, window=None):
+        keys, values = self.append("k", k, window), self.append("v", v, window)  # the streams' shapes
+        slot = torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+        return ops.rope_kv_write(q, k, v, cos, sin, interleaved, keys.data, values.data, slot, slot), keys, values
 
     def get(self, name, default=None):
         return self.values.get(name, default)
@@ -192,14 +198,23 @@ class PagedLayerView:
         if new.shape[0] != pages.shape[0] or tuple(new.shape[1:]) != spec.shape:
             raise ValueError(f"layer {self.layer} {name!r}: the step appends {pages.shape[0]} entries of shape "
                              f"{spec.shape}, the model gave {tuple(new.shape)}")
-        data = self.storage.streams[key]
-        if spec.fp8:
-            q, sc = quantize_activation_groups(new, FP8_GROUP, check_finite=False)  # no host sync in a step
-            data[pages, offsets] = q
-            self.storage.scales[key][pages, offsets] = sc
-        else:
-            data[pages, offsets] = new.to(data.dtype)
+        write_entries(self.storage.streams[key], self.storage.scales.get(key) if spec.fp8 else None, pages, offsets, new)
         return self.stream(name)
+
+    def rope_append(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    interleaved: bool, window: int | None = None) -> tuple[torch.Tensor, PagedStream, PagedStream]:
+        """A GQA layer's step: q and k rotated (rope), the rotated keys appended to stream "k" and the
+        values to "v" (ops.rope_kv_write, one launch on CUDA); (rotated q, keys, values)."""
+        key_k, key_v = self._key("k"), self._key("v")
+        spec = self.storage.specs[key_k]
+        pages, offsets = self.meta.writes[self.storage.group[key_k], spec.rate]
+        if k.shape[0] != pages.shape[0] or tuple(k.shape[1:]) != spec.shape:
+            raise ValueError(f"layer {self.layer} 'k': the step appends {pages.shape[0]} entries of shape "
+                             f"{spec.shape}, the model gave {tuple(k.shape)}")
+        streams, scales = self.storage.streams, self.storage.scales
+        q = ops.rope_kv_write(q, k, v, cos, sin, interleaved, streams[key_k], streams[key_v], pages, offsets,
+                              scales.get(key_k), scales.get(key_v))
+        return q, self.stream("k"), self.stream("v")
 
     def get(self, name: str, default=None):
         if (self.layer, name) not in self.storage.states or all(self.meta.fresh):

@@ -144,12 +144,9 @@ class GptOssAttention(nn.Module):
         """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
         n = x.shape[0]
         qkv = ops.linear(x, self.qkv_weight, self.qkv_bias)
-        q_rows, kv_rows = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        qk = ops.rope(qkv[:, :q_rows + kv_rows].view(n, self.heads + self.kv_heads, self.head_dim), cos, sin,
-                      interleaved=False)  # q and k heads in one call: the same rotation per position
-        q, k = qk[:, :self.heads], qk[:, self.heads:]
-        v = qkv[:, q_rows + kv_rows:].view(n, self.kv_heads, self.head_dim)
-        keys, values = cache.append("k", k, self.window), cache.append("v", v, self.window)
+        heads = qkv.view(n, self.heads + 2 * self.kv_heads, self.head_dim)
+        q, k, v = heads[:, :self.heads], heads[:, self.heads:self.heads + self.kv_heads], heads[:, self.heads + self.kv_heads:]
+        q, keys, values = cache.rope_append(q, k, v, cos, sin, False, self.window)  # one launch on CUDA
         out = ops.paged_gqa_attention(q, keys, values, cache.seqs, self.head_dim ** -0.5, self.window, self.sinks)
         return self.o_proj(out.reshape(n, -1))
 

@@ -9,6 +9,7 @@ from typing import Iterable
 from dayzero.ops.registry import REGISTRY, Registry, reference_op
 from dayzero.ops.norm import add_rms_norm, layer_norm, rms_norm
 from dayzero.ops.rope import rope
+from dayzero.ops.kv_write import rope_kv_write
 from dayzero.ops.activation import swiglu, swiglu_clamped
 from dayzero.ops.embedding import embedding
 from dayzero.ops.linear import linear, linear_fp8_block, linear_mxfp4

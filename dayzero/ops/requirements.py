@@ -18,6 +18,7 @@ LAYER_NORM = "layer_norm"
 GATED_RMS_NORM = "gated_rms_norm"
 # position
 ROPE = "rope"
+ROPE_KV_WRITE = "rope_kv_write"  # GQA: q and k rotated, k and v written into their paged streams
 # projections
 EMBEDDING = "embedding"
 LINEAR = "linear"  # bf16
@@ -56,7 +57,7 @@ ATTENTION_RESIDUAL = "attention_residual"
 VISION_ENCODER = "vision_encoder"
 
 ALL_OPS = (
-    RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
+    RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, ROPE_KV_WRITE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
     MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
     SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
@@ -91,7 +92,7 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
             ops += [V4_INDEXER, V4_TOPK_SELECT]
         ops.append(SPARSE_ATTENTION)
     elif a.kind in ("swa", "gqa"):
-        ops += [ROPE, GQA_ATTENTION]
+        ops += [ROPE_KV_WRITE, GQA_ATTENTION]
     else:  # kda
         ops += [SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT, GATED_RMS_NORM]
     return ops

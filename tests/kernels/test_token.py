@@ -128,3 +128,62 @@ def test_rope_cuda(interleaved):
         got = ops.rope(x, angles.cos(), angles.sin(), interleaved=interleaved)
     assert calls == {"rope@triton": 1}
     _close(got, _ref("rope", x, angles.cos(), angles.sin(), interleaved), torch.bfloat16)
+
+
+def _kv_write_case(g, n, hq, hkv, d, dtype, device, blocks=7, per_block=4):
+    """q, k, v as strided views of one projection, cos/sin, two strided streams (views of one arena, as
+    the pool keeps them) and shuffled distinct slots."""
+    qkv = torch.randn(n, hq + 2 * hkv, d, generator=g).to(dtype).to(device)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    angles = torch.rand(n, d // 2, generator=g) * 50
+    arena = torch.randn(2, blocks, per_block, hkv, d, generator=g).to(dtype).to(device)
+    slots = torch.randperm(blocks * per_block, generator=g)[:n]
+    pages, offsets = (slots // per_block).to(device), (slots % per_block).to(device)
+    return q, k, v, angles.cos().to(device), angles.sin().to(device), arena, pages, offsets
+
+
+def _check_kv_write(fn, case, interleaved, dtype):
+    """fn's output and streams against the reference's; returns the calls fn made through the registry."""
+    q, k, v, cos, sin, arena, pages, offsets = case
+    want_arena = arena.clone()
+    want = _ref("rope_kv_write", q, k, v, cos, sin, interleaved, want_arena[0], want_arena[1], pages, offsets)
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = fn(q, k, v, cos, sin, interleaved, arena[0], arena[1], pages, offsets)
+    _close(got, want, dtype)
+    _close(arena[0], want_arena[0], dtype)  # the rotated keys at their slots, every other slot untouched
+    assert torch.equal(arena[1], want_arena[1])  # the values, copied
+    return calls
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_kv_write_interpreted(seed, interleaved):
+    """One launch against the reference (rope on q and k, k and v into shuffled slots of strided streams)."""
+    from dayzero.kernels.token import _kv_write
+
+    rng = random.Random(300 + seed)
+    g = torch.Generator().manual_seed(seed)
+    n, hkv, d = rng.randint(1, 9), rng.choice((1, 2, 3)), rng.choice((8, 16, 64))
+    hq = hkv * rng.choice((1, 2, 5))
+    dtype = rng.choice((torch.float32, torch.bfloat16))
+    _check_kv_write(_kv_write.rope_kv_write, _kv_write_case(g, n, hq, hkv, d, dtype, "cpu"), interleaved, dtype)
+
+
+def test_rope_kv_write_reference_names_the_bad_argument():
+    g = torch.Generator().manual_seed(0)
+    q, k, v, cos, sin, arena, pages, offsets = _kv_write_case(g, 3, 4, 2, 8, torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"pages \(2,\) and offsets"):
+        ops.rope_kv_write(q, k, v, cos, sin, False, arena[0], arena[1], pages[:2], offsets)
+    with pytest.raises(ValueError, match="v_data entries"):
+        ops.rope_kv_write(q, k, v, cos, sin, False, arena[0], arena[1, ..., :4], pages, offsets)
+
+
+@cuda
+@pytest.mark.parametrize("n", [1, 64, 300])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_kv_write_cuda(n, interleaved):
+    """gpt-oss heads (64 q / 8 kv of 64) through the registry: one launch, the reference's values."""
+    g = torch.Generator().manual_seed(n)
+    case = _kv_write_case(g, n, 64, 8, 64, torch.bfloat16, "cuda", blocks=40, per_block=16)
+    assert _check_kv_write(ops.rope_kv_write, case, interleaved, torch.bfloat16) == {"rope_kv_write@triton": 1}

@@ -1,4 +1,4 @@
-"""Per-token layer kernels: rms_norm, add_rms_norm and rope on CUDA, one launch each (the references take several
+"""Per-token layer kernels: rms_norm, add_rms_norm, rope and rope_kv_write on CUDA, one launch each (the references take several
 PyTorch ops, and at decode a step's host time is mostly launches).
 
 Importing this package registers the "triton" kernels; Triton is imported at the first call. Each
@@ -8,6 +8,7 @@ dayzero/ops/rope.py).
     _rms_norm   one program per row: float32 statistics, the reference's rounding order (weight before or
                 after the cast back)
     _rope       one program per (token, head block): either pair layout, float32 arithmetic
+    _kv_write   rope_kv_write: a GQA layer's q and k rotated, k and v written into their paged streams
 """
 
 from __future__ import annotations
@@ -40,6 +41,19 @@ def supports_rope(x, cos, sin, interleaved) -> bool:
             and cos.stride(-1) == 1 and sin.stride(-1) == 1 and x.shape[-1] <= 1024)
 
 
+def supports_rope_kv_write(q, k, v, cos, sin, interleaved, k_data, v_data, pages, offsets, k_scales=None,
+                           v_scales=None) -> bool:
+    """Streams of the inputs' dtype (an FP8 stream's quantization stays on the reference op)."""
+    if k_scales is not None or v_scales is not None or q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        return False
+    n, d = q.shape[0], q.shape[-1]
+    return (supports_rope(q, cos, sin, interleaved) and k.dtype == v.dtype == q.dtype and k.shape[0] == n
+            and k.shape[-1] == d and k.stride(-1) == 1 and v.stride(-1) == 1 and k.is_cuda and v.is_cuda
+            and all(t.is_cuda and t.dim() == 4 and t.dtype == q.dtype and t.stride(-1) == 1
+                    and tuple(t.shape[2:]) == tuple(k.shape[1:]) for t in (k_data, v_data))
+            and all(t.is_cuda and t.dtype == torch.int64 and t.shape == (n,) for t in (pages, offsets)))
+
+
 def _rows_viewable(x: torch.Tensor) -> bool:
     """x [..., D] can be read as rows with one row stride (contiguous leading dims)."""
     try:
@@ -61,6 +75,12 @@ def add_rms_norm(x, residual, weight, eps=1e-6, weight_in_float32=False):
     return _rms_norm.rms_norm(x, weight, eps, weight_in_float32, residual)
 
 
+def rope_kv_write(*args, **kwargs):
+    from dayzero.kernels.token import _kv_write
+
+    return _kv_write.rope_kv_write(*args, **kwargs)
+
+
 def rope(x, cos, sin, interleaved):
     from dayzero.kernels.token import _rope
 
@@ -73,3 +93,5 @@ REGISTRY.register_kernel("add_rms_norm", add_rms_norm, backend="triton", devices
                          available=triton_cuda, supports=supports_add_rms_norm)
 REGISTRY.register_kernel("rope", rope, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_rope)
+REGISTRY.register_kernel("rope_kv_write", rope_kv_write, backend="triton", devices=["cuda"], priority=PRIORITY,
+                         available=triton_cuda, supports=supports_rope_kv_write)
