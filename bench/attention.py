@@ -2,7 +2,8 @@
 torch's SDPA on contiguous tensors, against the roofline, gpt-oss-20b's attention shapes (64 query / 8 kv
 heads, dim 64, bf16, sinks, pages of 16 tokens, keys and values in one arena as the cache holds them).
 
-    python bench/attention.py            # decode at batch 1 / 64 x 1K / 8K / 32K keys, prefill of 4K / 16K
+    python bench/attention.py            # decode at batch 1 / 64 x 1K / 8K / 32K keys, prefill of 4K / 16K / 64 x 128
+                                         # (prefills: the Triton kernel and torch's FA2 both timed)
     python bench/attention.py --quick    # fewer repetitions, no reference timing past 8K
     python bench/attention.py --sweep    # also time tile / split variants around what `choose` picks
     python bench/attention.py --json out.json
@@ -18,6 +19,7 @@ the speed of torch's own kernels on the same arithmetic, not the same op."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -84,12 +86,14 @@ def decode_case(batch: int, ctx: int, fp8: bool, window: int | None, gen) -> Cas
                 4 * HQ * DIM * keys)
 
 
-def prefill_case(tokens: int, window: int | None, gen) -> Case:
-    pairs = sum(min(p + 1, window) if window else p + 1 for p in range(tokens))
-    q = torch.randn(tokens, HQ, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
-    label = f"prefill {tokens // 1024}K" + (f" W={window}" if window else "")
-    return Case(label, q, [make_pool(1, tokens, False, gen)], SeqBatch.build([tokens], [tokens], "cuda"), _sinks(gen),
-                window, kv_bytes(tokens, False), 4 * HQ * DIM * pairs)
+def prefill_case(tokens: int, window: int | None, gen, num_seqs: int = 1) -> Case:
+    pairs = num_seqs * sum(min(p + 1, window) if window else p + 1 for p in range(tokens))
+    q = torch.randn(num_seqs * tokens, HQ, DIM, device="cuda", dtype=torch.bfloat16, generator=gen)
+    size = f"{tokens // 1024}K" if tokens >= 1024 else str(tokens)
+    label = f"prefill {num_seqs} x {size}" if num_seqs > 1 else f"prefill {size}" + (f" W={window}" if window else "")
+    seqs = SeqBatch.build([tokens] * num_seqs, [tokens] * num_seqs, "cuda")
+    return Case(label, q, [make_pool(num_seqs, tokens, False, gen)], seqs, _sinks(gen), window,
+                kv_bytes(num_seqs * tokens, False), 4 * HQ * DIM * pairs)
 
 
 def _sinks(gen) -> torch.Tensor:
@@ -172,10 +176,10 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     specs = [("decode", b, ctx, False, None) for b, ctx in DECODE]
     specs += [("decode", 64, 8192, True, None), ("decode", 64, 8192, False, 128)]
-    specs += [("prefill", t, None) for t in PREFILL] + [("prefill", 16384, 128)]
+    specs += [("prefill", t, None) for t in PREFILL] + [("prefill", 16384, 128), ("prefill", 128, None, 64)]
     rows, sweeps = [], []
     for spec in specs:
-        c = decode_case(*spec[1:], gen) if spec[0] == "decode" else prefill_case(*spec[1:], gen)
+        c = decode_case(*spec[1:], gen) if spec[0] == "decode" else prefill_case(spec[1], spec[2], gen, *spec[3:])
         err = check(c)
         ours, eager = run_ours(c, reps)
         big = c.seqs.num_tokens * c.seqs.max_seq_len > (1 << 23) if spec[0] == "prefill" else c.kv_bytes > (1 << 30)
@@ -187,6 +191,12 @@ def main() -> None:
             roof, what = 1e6 * c.flop / rate, f"{c.flop / 1e12:.2f} TFLOP"
         row = dict(case=c.label, work=what, ours_us=ours, eager_us=eager, reference_us=ref, sdpa_us=sdpa,
                    roofline_us=roof, pct=100 * roof / ours, err=err)
+        if spec[0] == "prefill":  # both prefill backends, pinned (the row above is what `choose` picks)
+            chosen = plan_for(c.q, c.pools[0][0], c.seqs, c.window)
+            for name, flash in (("triton", False), ("flash", True)):
+                row[f"{name}_us"] = run_ours(c, reps, dataclasses.replace(chosen, flash=flash))[0]
+            print(f"  {c.label}: chosen {'FA2' if chosen.flash else 'Triton'}; Triton {row['triton_us']:.1f} us, "
+                  f"FA2 {row['flash_us']:.1f} us (graph)", flush=True)
         rows.append(row)
         print(format_row(row), flush=True)
         if args.sweep and c.label in ("decode B=64 ctx=8K", "decode B=1 ctx=32K", "prefill 16K"):

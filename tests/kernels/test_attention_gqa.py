@@ -176,6 +176,11 @@ def test_choose_rule():
     assert choose((5,), (9,), 128, 1, 64, None).prefill.block_m == 128  # one token x 128 heads a tile
     mixed = choose((1, 1, 300, 1), (50, 60, 300, 9), 64, 8, 64, None)
     assert mixed.decode_seqs == 2 and mixed.prefill is not None
+    # FA2 takes a step's prefills from FLASH_MIN_PAIRS query x key pairs, where it can take the call
+    assert not p.flash and choose((4096,), (4096,), 64, 8, 64, None, flash_ok=True).flash
+    assert not choose((1, 1000), (5, 1000), 64, 8, 64, None, flash_ok=True).flash  # 1M pairs less 0.1%
+    assert not choose((4096,), (4096,), 64, 8, 64, 128, flash_ok=True).flash  # a window of 128: 0.5M pairs
+    assert not choose((1,) * 64, (8192,) * 64, 64, 8, 64, None, flash_ok=True).flash  # decodes only
 
 
 def test_checks_name_the_argument():
@@ -232,6 +237,28 @@ def test_gpt_oss_prefill_cuda(window, fp8):
     for query_lens, seq_lens in (([4096], [4096]), ([2048], [8192]),
                                  ([1, 1, 1, 700, 33, 1], [900, 5000, 17, 700, 2000, 3000])):
         _cuda_compare(_step(3, query_lens, seq_lens, window=window, fp8=fp8, **GPT_OSS))
+
+
+@cuda
+@pytest.mark.parametrize("window,fp8", [(None, False), (128, False), (None, True), (128, True)])
+def test_gpt_oss_prefill_flash_cuda(window, fp8):
+    """torch's FA2 backend pinned (the gather from shuffled pages, FP8 dequantized, the window's first key,
+    sinks from the log-sum-exp) and the Triton kernel pinned, on the same steps: a 4K prompt, a 2K chunk on
+    a 6K prefix, a mixed step, and many short prompts of random lengths."""
+    from dayzero.kernels.attention.gqa import plan_for
+
+    rng = random.Random(11)
+    lens = [rng.randint(1, 300) for _ in range(40)]
+    for query_lens, seq_lens in (([4096], [4096]), ([2048], [8192]),
+                                 ([1, 1, 1, 700, 33, 1], [900, 5000, 17, 700, 2000, 3000]), (lens, lens)):
+        args = _step(5, query_lens, seq_lens, window=window, fp8=fp8, **GPT_OSS)
+        with REGISTRY.force_backend("reference"):
+            want = paged_op(*args)
+        plan = plan_for(args[0], args[1], args[3], window, args[2])
+        for flash in (True, False):
+            got = _kernel(*args, plan=replace(plan, flash=flash))
+            assert not got.isnan().any()
+            torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)
 
 
 @cuda

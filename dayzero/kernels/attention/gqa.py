@@ -1,18 +1,26 @@
 """`paged_gqa_attention` on CUDA: the argument checks, `supports`, and the entry that runs the plan
-`choose` picks (decode kernel for the leading one-query sequences, prefill kernel for the rest).
+`choose` picks (decode kernel for the leading one-query sequences, prefill kernel or torch's FA2 for the rest).
 Contract and arithmetic: dayzero.ops.attention_gqa.paged_gqa_attention (the reference). Nothing here
 reads a device value: decisions use the SeqBatch host tuples and tensor metadata only. Importing this
 module imports no Triton (the kernels' modules are imported at the first call)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
+from dayzero import settings
 from dayzero.kernels.attention.gqa_choose import H200_SMS, Plan, choose
 from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
 from dayzero.kernels.devices import triton_cuda
 
 PRIORITY = 10  # above the reference
+VARIANTS = {  # of the prefill sequences (DAYZERO_VARIANT=paged_gqa_attention=...); decodes: the Triton decode kernel
+    "triton": "flash-attention prefill over the pages in place (Triton)",
+    "flash": "torch's FlashAttention-2 (varlen) on keys gathered from the pages; chosen from "
+             "gqa_choose.FLASH_MIN_PAIRS query x key pairs",
+}
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEAD_DIM = 256  # one [rows, head_dim] float32 accumulator per program
@@ -96,16 +104,28 @@ def supports(q, k, v, seqs, scale, sliding_window=None, sinks=None) -> bool:
     return q.is_cuda
 
 
-def plan_for(q: torch.Tensor, k: PagedStream, seqs: SeqBatch, sliding_window: int | None) -> Plan:
-    """The plan `choose` picks for this call on q's device."""
+def plan_for(q: torch.Tensor, k: PagedStream, seqs: SeqBatch, sliding_window: int | None,
+             v: PagedStream | None = None) -> Plan:
+    """The plan `choose` picks for this call on q's device (v: the values, default k's shapes)."""
+    v = k if v is None else v
+    flash_ok, forced = False, settings.get().variant("paged_gqa_attention")
     if q.is_cuda:
+        from dayzero.kernels.attention._gqa_flash import available
         from dayzero.kernels.devices import sm_count
 
         sms = sm_count(q.device)
+        flash_ok = forced != "triton" and available(q, k, v)
     else:
         sms = H200_SMS
-    return choose(seqs.query_lens, seqs.seq_lens_host, q.shape[1], k.entry_shape[0], q.shape[2], sliding_window, sms,
-                  q.dtype == torch.float32)
+    if forced == "flash" and not flash_ok:
+        raise ValueError(f"DAYZERO_VARIANT: paged_gqa_attention=flash needs torch's FlashAttention-2 to take the call "
+                         f"(CUDA sm_80+, fp16/bf16, equal k and v dims <= 256 in multiples of 8); q is {q.dtype} "
+                         f"on {q.device}, dims {k.entry_shape[1]} / {v.entry_shape[1]}")
+    plan = choose(seqs.query_lens, seqs.seq_lens_host, q.shape[1], k.entry_shape[0], q.shape[2], sliding_window, sms,
+                  q.dtype == torch.float32, flash_ok)
+    if forced == "flash" and plan.decode_seqs < seqs.num_seqs:
+        plan = replace(plan, flash=True)
+    return plan
 
 
 def paged_gqa_attention(q: torch.Tensor, k: PagedStream, v: PagedStream, seqs: SeqBatch, scale: float,
@@ -126,7 +146,7 @@ def _run(q, k, v, seqs, scale, sliding_window=None, sinks=None, plan: Plan | Non
     if q.shape[0] == 0:
         return out
     if plan is None:
-        plan = plan_for(q, k, seqs, sliding_window)
+        plan = plan_for(q, k, seqs, sliding_window, v)
     n = plan.decode_seqs
     if any(t != 1 for t in seqs.query_lens[:n]) or (n and plan.decode is None) \
             or (n < seqs.num_seqs and plan.prefill is None):
@@ -134,7 +154,11 @@ def _run(q, k, v, seqs, scale, sliding_window=None, sinks=None, plan: Plan | Non
                          "decode_seqs sequences must have one query each and the rest need a prefill config")
     if n:
         decode(q, k, v, seqs, float(scale), sliding_window, sinks, out, n, plan.decode)
-    if n < seqs.num_seqs:
+    if n < seqs.num_seqs and plan.flash:
+        from dayzero.kernels.attention._gqa_flash import flash_prefill
+
+        flash_prefill(q, k, v, seqs, float(scale), sliding_window, sinks, out, n)
+    elif n < seqs.num_seqs:
         prefill(q, k, v, seqs, float(scale), sliding_window, sinks, out, n, plan.prefill)
     return out
 
@@ -142,4 +166,4 @@ def _run(q, k, v, seqs, scale, sliding_window=None, sinks=None, plan: Plan | Non
 def register_gqa(registry) -> None:
     """Register the Triton paged_gqa_attention for CUDA in `registry` (dayzero.ops.registry.Registry)."""
     registry.register_kernel("paged_gqa_attention", _run, backend="triton", devices=["cuda"],
-                             priority=PRIORITY, available=triton_cuda, supports=supports)
+                             priority=PRIORITY, available=triton_cuda, supports=supports, variants=VARIANTS)

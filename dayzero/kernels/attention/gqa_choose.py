@@ -6,7 +6,8 @@ kernels read lengths from the device, only the split count and tiles were picked
 
 Plan: the leading run of sequences with one query each (decodes; the runner orders them first) goes to
 the split-KV decode kernel, the rest (prefills, chunked prefills, decodes after a prefill) to the
-flash-attention prefill kernel, which handles any query length."""
+flash-attention prefill kernel, which handles any query length, or, when the prefill work (query x key
+pairs) reaches FLASH_MIN_PAIRS and torch's FlashAttention-2 takes the call, to FA2 (_gqa_flash.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 H200_SMS = 132  # SM count assumed where there is no CUDA device (the interpreter, tests of the rule)
 MAX_SPLITS = 64  # KV splits of one decode sequence (the reduce kernel holds them in one tile)
 MIN_SPLIT_KEYS = 256  # fewest keys a split reads: below this the reduce costs more than the split gains
+FLASH_MIN_PAIRS = 1 << 20  # query x key pairs per kv head from which a step's prefills run on FA2
 DECODE_PROGRAMS_PER_SM = 4  # splits until (sequences x kv heads x splits) reaches this many programs per SM
 
 
@@ -45,6 +47,7 @@ class Plan:
     decode_seqs: int  # sequences 0 .. decode_seqs - 1 run on the decode kernel (each has one query)
     decode: DecodeConfig | None
     prefill: PrefillConfig | None  # sequences decode_seqs .. num_seqs - 1, when there are any
+    flash: bool = False  # those sequences on torch's FlashAttention-2 instead (prefill's tiles unused)
 
 
 def _pow2(n: int) -> int:
@@ -52,9 +55,11 @@ def _pow2(n: int) -> int:
 
 
 def choose(query_lens: tuple[int, ...], seq_lens: tuple[int, ...], num_q_heads: int, num_kv_heads: int,
-           head_dim: int, sliding_window: int | None, sm_count: int = H200_SMS, float32: bool = False) -> Plan:
+           head_dim: int, sliding_window: int | None, sm_count: int = H200_SMS, float32: bool = False,
+           flash_ok: bool = False) -> Plan:
     """How a step of these sequences (host lengths) runs; see the module docstring. float32: q is
-    float32 (exact products: smaller prefill tiles, which hold twice the bytes and use no tensor cores)."""
+    float32 (exact products: smaller prefill tiles, which hold twice the bytes and use no tensor cores);
+    flash_ok: FA2 can take the call (_gqa_flash.available)."""
     n = len(query_lens)
     decodes = 0
     while decodes < n and query_lens[decodes] == 1:
@@ -79,4 +84,6 @@ def choose(query_lens: tuple[int, ...], seq_lens: tuple[int, ...], num_q_heads: 
             prefill = PrefillConfig(block_m=min(block_m, max(64, _pow2(group))), block_n=32, num_warps=8, num_stages=2)
         else:  # 8 warps at 128 rows: two warpgroups of 64 rows, half the registers of 4 warps (238, no spills)
             prefill = PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if block_m >= 128 else 4, num_stages=3)
-    return Plan(decodes, decode, prefill)
+    pairs = sum(t * (min(s, sliding_window) if sliding_window else s)  # each query sees <= window keys
+                for t, s in zip(query_lens[decodes:], seq_lens[decodes:]))
+    return Plan(decodes, decode, prefill, flash=flash_ok and decodes < n and pairs >= FLASH_MIN_PAIRS)
