@@ -176,10 +176,12 @@ def test_choose_rule():
     assert choose((5,), (9,), 128, 1, 64, None).prefill.block_m == 128  # one token x 128 heads a tile
     mixed = choose((1, 1, 300, 1), (50, 60, 300, 9), 64, 8, 64, None)
     assert mixed.decode_seqs == 2 and mixed.prefill is not None
-    # FA2 takes a step's prefills from FLASH_MIN_PAIRS query x key pairs, where it can take the call
-    assert not p.flash and choose((4096,), (4096,), 64, 8, 64, None, flash_ok=True).flash
-    assert not choose((1, 1000), (5, 1000), 64, 8, 64, None, flash_ok=True).flash  # 1M pairs less 0.1%
-    assert not choose((4096,), (4096,), 64, 8, 64, 128, flash_ok=True).flash  # a window of 128: 0.5M pairs
+    # FA2 takes a step's full-attention prefills from FLASH_MIN_PAIRS query x key pairs, where it can
+    big = choose((1, 8192), (5, 8192), 64, 8, 64, None, flash_ok=True)
+    assert big.flash and big.decode_seqs == 1 and not choose((8192,), (8192,), 64, 8, 64, None).flash
+    assert not choose((4096,), (8191,), 64, 8, 64, None, flash_ok=True).flash  # just below 2^26 pairs
+    assert choose((2048,) * 4, (8192,) * 4, 64, 8, 64, None, flash_ok=True).flash  # 4 chunks on prefixes
+    assert not choose((16384,), (16384,), 64, 8, 64, 128, flash_ok=True).flash  # windowed: Triton
     assert not choose((1,) * 64, (8192,) * 64, 64, 8, 64, None, flash_ok=True).flash  # decodes only
 
 

@@ -6,8 +6,9 @@ kernels read lengths from the device, only the split count and tiles were picked
 
 Plan: the leading run of sequences with one query each (decodes; the runner orders them first) goes to
 the split-KV decode kernel, the rest (prefills, chunked prefills, decodes after a prefill) to the
-flash-attention prefill kernel, which handles any query length, or, when the prefill work (query x key
-pairs) reaches FLASH_MIN_PAIRS and torch's FlashAttention-2 takes the call, to FA2 (_gqa_flash.py)."""
+flash-attention prefill kernel, which handles any query length, or, without a sliding window, when the
+prefill work (query x key pairs) reaches FLASH_MIN_PAIRS and torch's FlashAttention-2 takes the call, to
+FA2 (_gqa_flash.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from dataclasses import dataclass
 H200_SMS = 132  # SM count assumed where there is no CUDA device (the interpreter, tests of the rule)
 MAX_SPLITS = 64  # KV splits of one decode sequence (the reduce kernel holds them in one tile)
 MIN_SPLIT_KEYS = 256  # fewest keys a split reads: below this the reduce costs more than the split gains
-FLASH_MIN_PAIRS = 1 << 20  # query x key pairs per kv head from which a step's prefills run on FA2
+# Query x key pairs from which a step's prefills run on FA2, full attention only (H200, bench/attention.py,
+# 2026-12-02, Triton vs FA2: 4K prompt 635 vs 793 us, 16K 10,696 vs 7,865 us; a window of 128 over 16K 510 vs
+# 1,205 us; 64 x 128 tokens 201 vs 521 us): FA2 gains with length, the crossover between 4K and 16K.
+FLASH_MIN_PAIRS = 1 << 26
 DECODE_PROGRAMS_PER_SM = 4  # splits until (sequences x kv heads x splits) reaches this many programs per SM
 
 
@@ -84,6 +88,6 @@ def choose(query_lens: tuple[int, ...], seq_lens: tuple[int, ...], num_q_heads: 
             prefill = PrefillConfig(block_m=min(block_m, max(64, _pow2(group))), block_n=32, num_warps=8, num_stages=2)
         else:  # 8 warps at 128 rows: two warpgroups of 64 rows, half the registers of 4 warps (238, no spills)
             prefill = PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if block_m >= 128 else 4, num_stages=3)
-    pairs = sum(t * (min(s, sliding_window) if sliding_window else s)  # each query sees <= window keys
-                for t, s in zip(query_lens[decodes:], seq_lens[decodes:]))
-    return Plan(decodes, decode, prefill, flash=flash_ok and decodes < n and pairs >= FLASH_MIN_PAIRS)
+    pairs = sum(t * s for t, s in zip(query_lens[decodes:], seq_lens[decodes:]))
+    flash = flash_ok and sliding_window is None and decodes < n and pairs >= FLASH_MIN_PAIRS
+    return Plan(decodes, decode, prefill, flash=flash)
