@@ -4,11 +4,12 @@ registry (dayzero/ops/registry.py) beside the reference ops, for CUDA.
     attention/ paged attention over the KV pool (paged_gqa_attention, paged_mla_attention)
     moe/      routed experts (moe_experts_mxfp4 / bf16 / fp8): dispatch, the GEMM kernels, path B's FP8
               workspace, the layer graphs; moe/choose.py picks the kernel and its tiles per call
-    token/    per-token layer ops (rms_norm, rope) in one launch each
+    token/    per-token layer ops (rms_norm, add_rms_norm, rope, rope_kv_write) in one launch each
     routing/  top-k routing for every routing op (softmax, sigmoid + bias + group limit, sqrtsoftplus, hash)
+    dsa/      DeepSeek Sparse Attention: the paged lightning indexer and its top-k (paged_index_topk)
 Shared by the families: devices.py (device facts looked up once), pdl.py (programmatic dependent
 launch), checks.py (argument checks, `supports` predicates). Importing registers every kernel without
 importing Triton (that happens at a kernel's first call). See docs/kernels.md.
 """
 
-from dayzero.kernels import attention, moe, routing, token  # noqa: F401  (register their kernels)
+from dayzero.kernels import attention, dsa, moe, routing, token  # noqa: F401  (register their kernels)
