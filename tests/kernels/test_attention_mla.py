@@ -197,3 +197,84 @@ def test_decode_step_replays_in_a_cuda_graph():
     q_nope.copy_(torch.randn_like(q_nope))
     graph.replay()
     assert _rel_err(out, _reference(args)) < 2e-2
+
+
+# --- paged_sparse_mla_attention (DSA): every query row over its selected keys -------------------------
+
+def _selection(g, seqs, k, *, empty_row=True):
+    """Random causal selections [N, k] int32: distinct positions <= each query's own, -1 padded at the
+    end (as paged_index_topk pads), one row with no key at all when empty_row."""
+    rows = []
+    for b in range(seqs.num_seqs):
+        ctx = seqs.context_lens[b]
+        for i in range(seqs.query_lens[b]):
+            p = ctx + i
+            n = int(torch.randint(0, min(k, p + 1) + 1, (1,), generator=g))
+            picked = torch.randperm(p + 1, generator=g)[:n]
+            rows.append(torch.cat([picked, torch.full((k - n,), -1, dtype=torch.long)]))
+    idx = torch.stack(rows).int()
+    if empty_row:
+        idx[0] = -1
+    return idx
+
+
+def _sparse_reference(args, indices):
+    from dayzero.ops.attention_mla import paged_sparse_mla_attention
+
+    with REGISTRY.force_backend("reference"):
+        return paged_sparse_mla_attention(*args, indices)
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("fp8", [False, True])
+def test_sparse_matches_reference(seed, fp8):
+    """Decodes and prefill rows mixed, k below and above the sequences, forced split counts (empty
+    splits, a row with no key), heads across two blocks."""
+    rng = random.Random(90 + seed)
+    query_lens, seq_lens = [], []
+    for _ in range(rng.randint(1, 3)):
+        total = rng.randint(1, 40)
+        query_lens.append(rng.choice((1, total, rng.randint(1, total))))
+        seq_lens.append(total)
+    heads = rng.choice((1, 3, 72))
+    args = _problem(rng, query_lens, seq_lens, heads=heads, dims=_dims(rng), block=rng.choice((1, 4, 16)), fp8=fp8,
+                    seed=seed)
+    k = rng.choice((1, 5, 64))
+    indices = _selection(torch.Generator().manual_seed(seed), args[-1], k)
+    out = torch.full((args[0].shape[0], heads, args[5].shape[1]), float("nan"))
+    _mla_decode.mla_sparse(*args, indices, out, splits=rng.choice((1, 2, 3)))
+    want = _sparse_reference(args, indices)
+    assert torch.equal(out[0], torch.zeros_like(out[0]))  # no selected key: zeros, as the reference
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+def test_sparse_registered_and_declines_int64_indices():
+    from dayzero.ops.attention_mla import paged_sparse_mla_attention
+
+    impl = next(k for k in REGISTRY.get("paged_sparse_mla_attention").kernels if k.backend == "triton")
+    assert impl.devices == ("cuda",) and impl.supports is _mla_ops.supports_paged_sparse_mla
+    args = _problem(random.Random(0), [2], [5], heads=2, dims=(16, 8, 32, 8), block=4, fp8=False)
+    idx = _selection(torch.Generator().manual_seed(0), args[-1], 3)
+    assert not _mla_ops.supports_paged_sparse_mla(*args, idx.long())
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        paged_sparse_mla_attention(*args, idx)
+    assert calls == {"paged_sparse_mla_attention@reference": 1}  # CPU tensors
+
+
+@cuda
+@pytest.mark.parametrize("fp8", [False, True])
+def test_deepseek_v32_sparse_on_gpu(fp8):
+    """128 heads, top-k 2048 of contexts up to 12K: decodes, a 300-token chunk and short prefills."""
+    rng = random.Random(7 + fp8)
+    query_lens, seq_lens = [1, 1, 300, 1, 40], [12000, 3000, 5000, rng.randint(1, 2048), 40]
+    args = _problem(rng, query_lens, seq_lens, heads=128, dims=DEEPSEEK, block=64, fp8=fp8, dtype=torch.bfloat16,
+                    device="cuda", seed=3)
+    indices = _selection(torch.Generator().manual_seed(1), args[-1], 2048).cuda()
+    from dayzero.ops.attention_mla import paged_sparse_mla_attention
+
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = paged_sparse_mla_attention(*args, indices)
+    assert calls == {"paged_sparse_mla_attention@triton": 1}
+    want = _sparse_reference(args, indices)
+    assert not got.isnan().any() and _rel_err(got, want) < 2e-2

@@ -2,7 +2,8 @@
 ops for CUDA; importing this package imports no Triton.
 
     _mla_ops        paged_mla_attention "triton": the step split into decode and prefill runs; supports
-    _mla_decode     absorbed-form split-KV decode (all heads of a sequence in one tile) and its split merge
+    _mla_decode     absorbed-form split-KV decode (all heads of a sequence in one tile) and its split merge;
+                    with SPARSE, paged_sparse_mla_attention (each query row over its selected keys)
     _mla_prefill    expanded-form varlen causal flash attention over gathered, up-projected latents
     gqa             paged_gqa_attention "triton": checks, supports, the entry that runs a plan
     gqa_choose      `choose`: which GQA kernel takes which sequences, splits and tiles (host sizes only)

@@ -127,17 +127,22 @@ def _softmax_update(s, m, l, acc, v, DOT: tl.constexpr, PRECISION: tl.constexpr)
 
 
 @triton.jit
-def _decode_step(q, qpe, m, l, acc, t0, t_hi, b, qk_scale,
+def _decode_step(q, qpe, m, l, acc, t0, t_hi, b, qk_scale, idx_row,
                  lat_ptr, lat_sc_ptr, lat_tab_ptr, pe_ptr, pe_sc_ptr, pe_tab_ptr,
                  stride_lp, stride_ls, stride_lsp, stride_lss, stride_lt, lat_bs,
                  stride_ep, stride_es, stride_esp, stride_ess, stride_et, pe_bs,
                  C: tl.constexpr, DR: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_DR: tl.constexpr,
                  GW_C: tl.constexpr, GW_R: tl.constexpr, FP8_LAT: tl.constexpr, FP8_PE: tl.constexpr,
-                 BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+                 BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, SPARSE: tl.constexpr):
     """One key tile, tokens t0 .. t0 + BLOCK_N - 1 (those below t_hi), folded into the online softmax
-    (m, l: running max and sum in log2 units; acc: unnormalised o [BLOCK_H, BLOCK_C])."""
+    (m, l: running max and sum in log2 units; acc: unnormalised o [BLOCK_H, BLOCK_C]). SPARSE: t0 ..
+    counts selection slots of the row's indices (idx_row), whose entries (>= 0) are the tokens read."""
     tok = t0 + tl.arange(0, BLOCK_N)
     valid = tok < t_hi
+    if SPARSE:
+        tok = tl.load(idx_row + tok, mask=valid, other=-1)
+        valid = tok >= 0
+        tok = tl.maximum(tok, 0)
     page, slot = _entry_slots(lat_tab_ptr, stride_lt, b, tok, valid, lat_bs)
     k = _load_entries(lat_ptr, lat_sc_ptr, page * stride_lp + slot * stride_ls, page * stride_lsp + slot * stride_lss,
                       valid, C, BLOCK_C, BLOCK_N, GW_C, FP8_LAT, DOT)
@@ -154,8 +159,8 @@ def _decode_step(q, qpe, m, l, acc, t0, t_hi, b, qk_scale,
 def _mla_decode_kernel(
     q_ptr, qpe_ptr,
     lat_ptr, lat_sc_ptr, lat_tab_ptr, pe_ptr, pe_sc_ptr, pe_tab_ptr,
-    seq_lens_ptr, o_ptr, lse_ptr,
-    b0, H, SPLITS, qk_scale,
+    seq_lens_ptr, o_ptr, lse_ptr, idx_ptr, row_seq_ptr,
+    b0, H, SPLITS, qk_scale, K_SEL, stride_ir,
     stride_qh, stride_qr, stride_pr, stride_ph,
     stride_lp, stride_ls, stride_lsp, stride_lss, stride_lt, lat_bs,
     stride_ep, stride_es, stride_esp, stride_ess, stride_et, pe_bs,
@@ -164,13 +169,20 @@ def _mla_decode_kernel(
     GW_C: tl.constexpr, GW_R: tl.constexpr, FP8_LAT: tl.constexpr, FP8_PE: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
     DOT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr, MAX_TILES: tl.constexpr,
+    SPARSE: tl.constexpr,
 ):
     """q: q_lat [H, R, C]; qpe: q_pe [R, H, DR]; o: o_lat [H, R, C] (DIRECT) or partial o [R, SPLITS, H, C]
-    float32 with lse [R, SPLITS, H]. Program (head block, split, r): sequence b0 + r. MAX_TILES (read under
-    the interpreter only): key tiles of the longest split."""
+    float32 with lse [R, SPLITS, H]. Program (head block, split, r): sequence b0 + r; SPARSE: query row
+    r of sequence row_seq[r] over its K_SEL selection slots idx[r, :] (rows of idx stride_ir apart).
+    MAX_TILES (read under the interpreter only): key tiles of the longest split."""
     hb, split, r = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    b = b0 + r
-    seq_len = tl.load(seq_lens_ptr + b)
+    idx_row = idx_ptr + r.to(tl.int64) * stride_ir
+    if SPARSE:
+        b = tl.load(row_seq_ptr + r)
+        seq_len = K_SEL + b * 0
+    else:
+        b = b0 + r
+        seq_len = tl.load(seq_lens_ptr + b)
     per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), SPLITS) * BLOCK_N
     t_lo = split * per_split
     t_hi = tl.minimum(seq_len, t_lo + per_split)
@@ -190,18 +202,20 @@ def _mla_decode_kernel(
     if INTERPRET:  # Triton 3.6's interpreter cannot run a loop with bounds computed in the kernel (numpy 2.4)
         for i in range(0, MAX_TILES):
             if t_lo + i * BLOCK_N < t_hi:
-                m, l, acc = _decode_step(q, qpe, m, l, acc, t_lo + i * BLOCK_N, t_hi, b, qk_scale,
+                m, l, acc = _decode_step(q, qpe, m, l, acc, t_lo + i * BLOCK_N, t_hi, b, qk_scale, idx_row,
                                          lat_ptr, lat_sc_ptr, lat_tab_ptr, pe_ptr, pe_sc_ptr, pe_tab_ptr,
                                          stride_lp, stride_ls, stride_lsp, stride_lss, stride_lt, lat_bs,
                                          stride_ep, stride_es, stride_esp, stride_ess, stride_et, pe_bs,
-                                         C, DR, BLOCK_C, BLOCK_DR, GW_C, GW_R, FP8_LAT, FP8_PE, BLOCK_N, DOT, PRECISION)
+                                         C, DR, BLOCK_C, BLOCK_DR, GW_C, GW_R, FP8_LAT, FP8_PE, BLOCK_N, DOT, PRECISION,
+                                         SPARSE)
     else:
         for t0 in range(t_lo, t_hi, BLOCK_N):
-            m, l, acc = _decode_step(q, qpe, m, l, acc, t0, t_hi, b, qk_scale,
+            m, l, acc = _decode_step(q, qpe, m, l, acc, t0, t_hi, b, qk_scale, idx_row,
                                      lat_ptr, lat_sc_ptr, lat_tab_ptr, pe_ptr, pe_sc_ptr, pe_tab_ptr,
                                      stride_lp, stride_ls, stride_lsp, stride_lss, stride_lt, lat_bs,
                                      stride_ep, stride_es, stride_esp, stride_ess, stride_et, pe_bs,
-                                     C, DR, BLOCK_C, BLOCK_DR, GW_C, GW_R, FP8_LAT, FP8_PE, BLOCK_N, DOT, PRECISION)
+                                     C, DR, BLOCK_C, BLOCK_DR, GW_C, GW_R, FP8_LAT, FP8_PE, BLOCK_N, DOT, PRECISION,
+                                         SPARSE)
 
     o = acc / tl.where(l > 0, l, 1.0)[:, None]
     o_mask = h_ok[:, None] & (offs_c < C)[None, :]
@@ -220,15 +234,18 @@ def _mla_reduce_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, H, stride_or, stride_os,
                        C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_S: tl.constexpr):
     """out[h, r, c] = sum over splits s of o[r, s, h, c] * 2^(lse[r, s, h] - lse_total): program (r, h, chunk
     of BLOCK_C columns), all splits in one [BLOCK_S, BLOCK_C] tile. Split 0 of a sequence is never empty
-    (seq_len >= 1), so the largest lse is finite; an empty split has lse -inf (weight 0) and o 0."""
+    (seq_len >= 1); a sparse row may have no selected key at all (every lse -inf): it gets zeros. An
+    empty split has lse -inf (weight 0) and o 0."""
     r, h = tl.program_id(0), tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
     offs_c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     lse = tl.load(lse_ptr + (r * SPLITS + offs_s) * H + h, mask=offs_s < SPLITS, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
+    top = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top))
     o = tl.load(o_ptr + r * stride_or + offs_s[:, None] * stride_os + h * stride_oh + offs_c[None, :],
                 mask=(offs_s < SPLITS)[:, None] & (offs_c < C)[None, :], other=0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    total = tl.sum(w, 0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + h * stride_xh + r * stride_xr + offs_c, out.to(out_ptr.dtype.element_ty), mask=offs_c < C)
 
 
@@ -246,15 +263,34 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: PagedStream,
     """Sequences b0 .. b1 - 1 of `seqs`, each with exactly one query (rows query_start[b0] + 0 .. b1 - b0 - 1,
     checked by the caller on the host tuples): writes their rows of out [N, H, Dv]. splits: key splits
     per sequence (None: `num_splits`)."""
-    rows, (h, _, c), dr = b1 - b0, w_uk.shape, q_pe.shape[-1]
     r0 = seqs.query_start_host[b0]
+    _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, r0, b1 - b0, max(seqs.seq_lens_host[b0:b1]),
+            out, splits, b0=b0)
+
+
+def mla_sparse(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: PagedStream, k_pe: PagedStream,
+               w_uk: torch.Tensor, w_uv: torch.Tensor, scale: float, seqs: SeqBatch, indices: torch.Tensor,
+               out: torch.Tensor, splits: int | None = None) -> None:
+    """paged_sparse_mla_attention: every query row of the step over its own selected keys, indices
+    [N, K] (int32, positions within the row's sequence, -1 unused), the same kernel with the key tiles
+    read through the indices (SPARSE): rows of a prefill each run as a decode would."""
+    n, k = indices.shape
+    rows = torch.arange(n, device=q_nope.device, dtype=torch.int32)
+    row_seq = torch.searchsorted(seqs.query_start[1:], rows, right=True).to(torch.int32)
+    _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, 0, n, k, out, splits, indices=indices,
+            row_seq=row_seq)
+
+
+def _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, r0, rows, max_len, out, splits, *, b0=0,
+            indices=None, row_seq=None) -> None:
+    """Rows r0 .. r0 + rows - 1 of out: sequences b0 + r (dense), or query rows over indices (sparse)."""
+    (h, _, c), dr = w_uk.shape, q_pe.shape[-1]
     dtype, device = q_nope.dtype, q_nope.device
     cfg = decode_config(h, kv_latent.scales is not None, device)
     dot, precision = operand_dtype(dtype)
     q_lat = torch.bmm(q_nope[r0:r0 + rows].transpose(0, 1), w_uk.to(dtype))  # [H, R, C]
     qpe = q_pe[r0:r0 + rows]
     head_blocks = triton.cdiv(h, cfg.block_h)
-    max_len = max(seqs.seq_lens_host[b0:b1])
     if splits is None:
         splits = num_splits(max_len, rows, head_blocks, cfg.block_n, device)
     o_lat = torch.empty(h, rows, c, dtype=dtype, device=device)
@@ -266,9 +302,11 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: PagedStream,
         lse = torch.empty(rows, splits, h, dtype=torch.float32, device=device)
         o_strides = (part.stride(0), part.stride(1), part.stride(2))
     lat, pe = stream_args(kv_latent), stream_args(k_pe)
+    sparse = indices is not None
     _mla_decode_kernel[(head_blocks, splits, rows)](
-        q_lat, qpe, *lat[:3], *pe[:3], seqs.seq_lens, part, lse,
-        b0, h, splits, scale * LOG2E,
+        q_lat, qpe, *lat[:3], *pe[:3], seqs.seq_lens, part, lse, indices if sparse else seqs.seq_lens,
+        row_seq if sparse else seqs.seq_lens, b0, h, splits, scale * LOG2E, max_len if sparse else 0,
+        indices.stride(0) if sparse else 0,
         q_lat.stride(0), q_lat.stride(1), qpe.stride(0), qpe.stride(1),
         *lat[3:], kv_latent.block_size, *pe[3:], k_pe.block_size, *o_strides,
         C=c, DR=dr, BLOCK_C=triton.next_power_of_2(c), BLOCK_DR=max(16, triton.next_power_of_2(dr)),
@@ -277,7 +315,7 @@ def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: PagedStream,
         BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, DIRECT=splits == 1, DOT=dot, PRECISION=precision,
         INTERPRET=interpreting(),
         MAX_TILES=triton.cdiv(triton.cdiv(max_len, cfg.block_n), splits) if interpreting() else 0,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPARSE=sparse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
         block_c = min(REDUCE_COLUMNS, triton.next_power_of_2(c))

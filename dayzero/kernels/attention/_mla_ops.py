@@ -1,6 +1,7 @@
 """`paged_mla_attention` "triton": the packed step split on the host tuples into runs of consecutive
 decodes (query_len 1: `_mla_decode`, absorbed form) and of consecutive prefills (query_len > 1:
-`_mla_prefill`, expanded form); sequences with no query this step are skipped. A runner that orders
+`_mla_prefill`, expanded form); sequences with no query this step are skipped. `paged_sparse_mla_attention`
+"triton" (DSA): every query row on the decode kernel over its selected keys. A runner that orders
 its decodes first gets one decode launch set and one prefill group. Every split and shape comes from
 SeqBatch's host tuples, never from a device value, so a mixed step runs without a host sync.
 
@@ -49,6 +50,17 @@ def paged_mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: Pag
     return out
 
 
+def paged_sparse_mla_attention(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, indices) -> torch.Tensor:
+    """The op (dayzero.ops.attention_mla.paged_sparse_mla_attention's contract) on the decode kernel,
+    reading each query row's selected keys through its indices (`_mla_decode.mla_sparse`)."""
+    from dayzero.kernels.attention._mla_decode import mla_sparse
+
+    out = q_nope.new_empty((q_nope.shape[0], q_nope.shape[1], w_uv.shape[1]))
+    if q_nope.shape[0]:
+        mla_sparse(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, indices, out)
+    return out
+
+
 def _stream_ok(s: PagedStream, num_seqs: int, dim_limit: int) -> bool:
     data, table = s.data, s.block_table
     if s.rate != 1 or data.dim() != 3 or data.shape[-1] > dim_limit or data.stride(-1) != 1:
@@ -81,7 +93,18 @@ def supports_paged_mla(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs) -
     return _stream_ok(kv_latent, seqs.num_seqs, MAX_LATENT) and _stream_ok(k_pe, seqs.num_seqs, MAX_HEAD_DIM)
 
 
+def supports_paged_sparse_mla(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, indices) -> bool:
+    """As supports_paged_mla, and indices int32 [N, K >= 1] on the queries' device, rows contiguous."""
+    return (supports_paged_mla(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs)
+            and isinstance(indices, torch.Tensor) and indices.dtype == torch.int32 and indices.dim() == 2
+            and indices.shape[0] == q_nope.shape[0] and indices.shape[1] >= 1 and indices.stride(1) == 1
+            and indices.device == q_nope.device)
+
+
 def register_mla(registry) -> None:
     """Register the Triton paged_mla_attention for CUDA in `registry` (dayzero.ops.registry.Registry)."""
     registry.register_kernel("paged_mla_attention", paged_mla_attention, backend="triton", devices=["cuda"],
                              priority=PRIORITY, available=triton_cuda, supports=supports_paged_mla)
+    registry.register_kernel("paged_sparse_mla_attention", paged_sparse_mla_attention, backend="triton",
+                             devices=["cuda"], priority=PRIORITY, available=triton_cuda,
+                             supports=supports_paged_sparse_mla)
