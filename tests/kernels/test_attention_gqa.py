@@ -22,7 +22,7 @@ from dayzero.ops.attention_gqa import paged_gqa_attention as paged_op
 from dayzero.ops.paged import PagedStream, SeqBatch
 from dayzero.ops.registry import REGISTRY
 from tests.kernels.conftest import cuda, interpreter
-from tests.ops.paged_inputs import paged_stream
+from tests.ops.paged_inputs import paged_stream, random_batch
 
 reference = paged_op.reference.fn
 
@@ -81,16 +81,6 @@ def _compare(args, plan=None, tol=2e-5):
     return got
 
 
-def _random_batch(rng: random.Random, num_seqs: int, max_len: int, kinds=("decode", "chunk", "fresh")):
-    query_lens, seq_lens = [], []
-    for _ in range(num_seqs):
-        kind = rng.choice(kinds)
-        total = rng.randint(1, max_len)
-        query_lens.append(1 if kind == "decode" else total if kind == "fresh" else rng.randint(1, total))
-        seq_lens.append(total)
-    return query_lens, seq_lens
-
-
 @interpreter
 @pytest.mark.parametrize("seed", range(5))
 def test_decode_interpreted(seed):
@@ -115,7 +105,7 @@ def test_prefill_interpreted(seed):
     rng = random.Random(50 + seed)
     hkv, group = rng.choice(((1, 1), (2, 3), (1, 4), (2, 2)))
     d, dv = rng.choice(((16, 16), (8, 12), (16, 8)))
-    query_lens, seq_lens = _random_batch(rng, rng.randint(1, 4), 48)
+    query_lens, seq_lens = random_batch(rng, rng.randint(1, 4), 48)
     args = _step(100 + seed, query_lens, seq_lens, hkv, group, d, dv, window=rng.choice((None, 1, 5, 20)),
                  block=rng.choice((1, 4, 16)), sinks=rng.random() < 0.7, fp8=seed % 2 == 0, shared=seed % 2 == 1)
     block_m = rng.choice((16, 32)) if group < 4 else 16

@@ -20,7 +20,7 @@ from dayzero.ops.dsa import paged_index_topk as index_op
 from dayzero.ops.paged import SeqBatch
 from dayzero.ops.registry import REGISTRY
 from tests.kernels.conftest import cuda, interpreter
-from tests.ops.paged_inputs import paged_stream
+from tests.ops.paged_inputs import paged_stream, random_batch
 
 reference = index_op.reference.fn
 
@@ -56,23 +56,13 @@ def _check(got, args, k, rel=1e-5):
     return same / max(1, seqs.num_tokens)
 
 
-def _random_lens(rng, num_seqs, max_len):
-    query_lens, seq_lens = [], []
-    for _ in range(num_seqs):
-        total = rng.randint(1, max_len)
-        kind = rng.choice(("decode", "fresh", "chunk"))
-        query_lens.append(1 if kind == "decode" else total if kind == "fresh" else rng.randint(1, total))
-        seq_lens.append(total)
-    return query_lens, seq_lens
-
-
 @interpreter
 @pytest.mark.parametrize("seed", range(6))
 def test_index_topk_interpreted(seed):
     from dayzero.kernels.dsa._index import paged_index_topk
 
     rng = random.Random(seed)
-    query_lens, seq_lens = _random_lens(rng, rng.randint(1, 4), 150)
+    query_lens, seq_lens = random_batch(rng, rng.randint(1, 4), 150)
     heads, dim = rng.choice((1, 3, 16)), rng.choice((16, 32, 64))
     k = rng.choice((1, 4, 40, 200))  # below and above the sequences' lengths
     fp8 = rng.random() < 0.3
@@ -101,7 +91,7 @@ def test_deepseek_v32_index_topk_cuda(fp8):
     """64 heads of 128, top-k 2048: decodes at up to 20K keys, a 3K chunk on a 5K prefix, short prefills."""
     rng = random.Random(3)
     for query_lens, seq_lens in (([1] * 4, [rng.randint(2048, 20000) for _ in range(4)]), ([3000], [8000]),
-                                 _random_lens(rng, 6, 600)):
+                                 random_batch(rng, 6, 600)):
         args = _step(5, query_lens, seq_lens, 64, 128, fp8=fp8, dtype=torch.bfloat16, device="cuda")
         with REGISTRY.record_calls(by_backend=True) as calls:
             got = index_op(*args[:4], 2048, args[4])

@@ -55,6 +55,18 @@ def paged_stream(entries: list[torch.Tensor], block_size: int, *, generator: tor
     return PagedStream(data, table.to(device), block_size, rate, scales, dtype if fp8 else None)
 
 
+def random_batch(rng, num_seqs: int, max_len: int, kinds=("decode", "chunk", "fresh")) -> tuple[list[int], list[int]]:
+    """(query_lens, seq_lens) of a random packed step: each sequence a decode, a chunk on a cached
+    prefix, or a fresh prefill of up to max_len tokens."""
+    query_lens, seq_lens = [], []
+    for _ in range(num_seqs):
+        kind = rng.choice(kinds)
+        total = rng.randint(1, max_len)
+        query_lens.append(1 if kind == "decode" else total if kind == "fresh" else rng.randint(1, total))
+        seq_lens.append(total)
+    return query_lens, seq_lens
+
+
 def fp8_round(x: torch.Tensor) -> torch.Tensor:
     """x as an FP8 stream stores it (what attention reads back)."""
     from dayzero.formats.fp8 import dequantize_activation_groups
