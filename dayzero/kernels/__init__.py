@@ -7,9 +7,10 @@ registry (dayzero/ops/registry.py) beside the reference ops, for CUDA.
     token/    per-token layer ops (rms_norm, add_rms_norm, rope, rope_kv_write) in one launch each
     routing/  top-k routing for every routing op (softmax, sigmoid + bias + group limit, sqrtsoftplus, hash)
     dsa/      DeepSeek Sparse Attention: the paged lightning indexer and its top-k (paged_index_topk)
+    kda/      KDA (kda_chunk, kda_recurrent) through fla-core where it is installed (backend "fla")
 Shared by the families: devices.py (device facts looked up once), pdl.py (programmatic dependent
 launch), checks.py (argument checks, `supports` predicates). Importing registers every kernel without
 importing Triton (that happens at a kernel's first call). See docs/kernels.md.
 """
 
-from dayzero.kernels import attention, dsa, moe, routing, token  # noqa: F401  (register their kernels)
+from dayzero.kernels import attention, dsa, kda, moe, routing, token  # noqa: F401  (register their kernels)

@@ -1,0 +1,69 @@
+"""KDA (Kimi Linear, Kimi K3) on CUDA through fla-core, the field's Triton library (MIT,
+`fla.ops.kda.chunk_kda` for prompts, `fused_recurrent_kda` for decode), registered as backend "fla"
+beside the reference ops, which stay the specification and the CPU path (fla's chunk kernels do not run
+under Triton's interpreter). Available only where `fla` imports (`pip install fla-core einops`; not a
+dependency of dayzero) and a CUDA device exists; elsewhere, and for what `supports` declines, the
+reference runs.
+
+The contracts are the same: q, k [B, T, H, dk], v [B, T, H, dv], g float log decay [B, T, H, dk] (from
+`kda_gate`, so the gate is not recomputed in the kernel), beta [B, T, H] in (0, 1) (already a sigmoid),
+state float32 [B, H, dk, dv] (fla's [N, HV, K, V] with N = B and no grouped values), scale default
+dk^-0.5, q and k L2-normalised in the kernel when l2norm_qk; returns (o in q's dtype, final state
+float32). chunk_size is the reference's own detail: fla chunks by 64 (kimi_linear.KDA_CHUNK_SIZE)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from dayzero.ops.registry import REGISTRY
+
+PRIORITY = 10  # above the reference
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@functools.cache
+def fla_available() -> bool:
+    """fla-core imports and a CUDA device exists (looked up once)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        from fla.ops.kda import chunk_kda, fused_recurrent_kda  # noqa: F401
+    except Exception:  # not installed, or built for another triton / torch
+        return False
+    return True
+
+
+def supports_kda(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64) -> bool:
+    if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in (q, k, v, g, beta)):
+        return False
+    if q.dim() != 4 or q.dtype not in DTYPES or k.shape != q.shape or k.dtype != q.dtype or v.dtype != q.dtype:
+        return False
+    b, t, h, _ = q.shape
+    if v.dim() != 4 or v.shape[:3] != (b, t, h) or g.shape != q.shape or beta.shape != (b, t, h) or t == 0:
+        return False
+    return state is None or (state.is_cuda and state.dtype == torch.float32
+                             and tuple(state.shape) == (b, h, q.shape[3], v.shape[3]))
+
+
+def kda_chunk(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64):
+    from fla.ops.kda import chunk_kda
+
+    o, final = chunk_kda(q, k, v, g.float(), beta, scale=scale, initial_state=state, output_final_state=True,
+                         use_qk_l2norm_in_kernel=l2norm_qk)
+    return o.to(q.dtype), final.float()
+
+
+def kda_recurrent(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True):
+    from fla.ops.kda import fused_recurrent_kda
+
+    o, final = fused_recurrent_kda(q, k, v, g.float(), beta, scale=scale, initial_state=state,
+                                   output_final_state=True, use_qk_l2norm_in_kernel=l2norm_qk)
+    return o.to(q.dtype), final.float()
+
+
+REGISTRY.register_kernel("kda_chunk", kda_chunk, backend="fla", devices=["cuda"], priority=PRIORITY,
+                         available=fla_available, supports=supports_kda)
+REGISTRY.register_kernel("kda_recurrent", kda_recurrent, backend="fla", devices=["cuda"], priority=PRIORITY,
+                         available=fla_available, supports=supports_kda)

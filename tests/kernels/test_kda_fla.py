@@ -1,0 +1,58 @@
+"""KDA's "fla" backend (dayzero/kernels/kda: fla-core's chunk_kda / fused_recurrent_kda) against the
+reference ops. CPU: registered for CUDA only, the reference runs here. CUDA with fla-core installed
+(skipped otherwise; `pip install fla-core einops`): Kimi Linear's heads (32 of 128) at seeded random
+lengths, from zero and from a carried state, bf16 and float32, through the registry."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dayzero import ops
+from dayzero.kernels.kda import fla_available, supports_kda
+from dayzero.ops.registry import REGISTRY
+from tests.kernels.conftest import cuda
+
+
+def _inputs(seed, b, t, h, dk, dv, dtype, device, with_state):
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(b, t, h, dk, generator=g).to(device, dtype) for _ in range(2))
+    v = torch.randn(b, t, h, dv, generator=g).to(device, dtype)
+    decay = -torch.rand(b, t, h, dk, generator=g).to(device) * 2  # log decay in (-2, 0]
+    beta = torch.rand(b, t, h, generator=g).to(device, dtype)
+    state = torch.randn(b, h, dk, dv, generator=g).to(device) * 0.1 if with_state else None
+    return q, k, v, decay, beta, state
+
+
+def test_registered_for_cuda_and_the_reference_runs_on_the_cpu():
+    for name in ("kda_chunk", "kda_recurrent"):
+        impl = next(i for i in REGISTRY.get(name).kernels if i.backend == "fla")
+        assert impl.devices == ("cuda",) and impl.supports is supports_kda
+        assert REGISTRY.get(name).select("cpu").backend == "reference"
+    args = _inputs(0, 1, 3, 2, 8, 8, torch.float32, "cpu", True)
+    assert not supports_kda(*args)
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        ops.kda_chunk(*args)
+    assert calls == {"kda_chunk@reference": 1}
+
+
+@cuda
+@pytest.mark.skipif(not fla_available(), reason="needs fla-core (pip install fla-core einops)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fla_matches_the_reference(dtype, with_state):
+    rng = random.Random(int(with_state) + 2 * (dtype == torch.float32))
+    tol = 3e-2 if dtype == torch.bfloat16 else 2e-3
+    for name, t in (("kda_chunk", rng.choice((65, 200, 1000))), ("kda_recurrent", 1)):
+        args = _inputs(rng.randint(0, 99), rng.choice((1, 3)), t, 32, 128, 128, dtype, "cuda", with_state)
+        with REGISTRY.force_backend("reference"):
+            o_ref, s_ref = getattr(ops, name)(*args)
+        with REGISTRY.record_calls(by_backend=True) as calls:
+            o, s = getattr(ops, name)(*args)
+        assert calls == {f"{name}@fla": 1}
+        assert o.dtype == dtype and s.dtype == torch.float32 and s.shape == s_ref.shape
+        for got, want in ((o, o_ref), (s, s_ref)):
+            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
+            assert err < tol, f"{name}: relative error {err:.2e}"
