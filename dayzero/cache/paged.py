@@ -191,26 +191,27 @@ class PagedLayerView:
                            self.storage.block_size, spec.rate, self.storage.scales.get(key),
                            spec.dtype if spec.fp8 else None)
 
-    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> PagedStream:
+    def _slots(self, name: str, new: torch.Tensor) -> tuple[tuple[int, str], torch.Tensor, torch.Tensor]:
+        """(key, pages, offsets) where stream `name` takes this step's entries `new`, checked against them."""
         key = self._key(name)
         spec = self.storage.specs[key]
         pages, offsets = self.meta.writes[self.storage.group[key], spec.rate]
         if new.shape[0] != pages.shape[0] or tuple(new.shape[1:]) != spec.shape:
             raise ValueError(f"layer {self.layer} {name!r}: the step appends {pages.shape[0]} entries of shape "
                              f"{spec.shape}, the model gave {tuple(new.shape)}")
-        write_entries(self.storage.streams[key], self.storage.scales.get(key) if spec.fp8 else None, pages, offsets, new)
+        return key, pages, offsets
+
+    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> PagedStream:
+        key, pages, offsets = self._slots(name, new)
+        write_entries(self.storage.streams[key], self.storage.scales.get(key), pages, offsets, new)
         return self.stream(name)
 
     def rope_append(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     interleaved: bool, window: int | None = None) -> tuple[torch.Tensor, PagedStream, PagedStream]:
         """A GQA layer's step: q and k rotated (rope), the rotated keys appended to stream "k" and the
         values to "v" (ops.rope_kv_write, one launch on CUDA); (rotated q, keys, values)."""
-        key_k, key_v = self._key("k"), self._key("v")
-        spec = self.storage.specs[key_k]
-        pages, offsets = self.meta.writes[self.storage.group[key_k], spec.rate]
-        if k.shape[0] != pages.shape[0] or tuple(k.shape[1:]) != spec.shape:
-            raise ValueError(f"layer {self.layer} 'k': the step appends {pages.shape[0]} entries of shape "
-                             f"{spec.shape}, the model gave {tuple(k.shape)}")
+        key_k, pages, offsets = self._slots("k", k)
+        key_v, _, _ = self._slots("v", v)  # one cache group: the same slots
         streams, scales = self.storage.streams, self.storage.scales
         q = ops.rope_kv_write(q, k, v, cos, sin, interleaved, streams[key_k], streams[key_v], pages, offsets,
                               scales.get(key_k), scales.get(key_v))

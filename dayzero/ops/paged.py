@@ -144,6 +144,13 @@ class PagedStream:
         return dequantize_activation_groups(values, self.scales[pages, offsets], FP8_GROUP, self.read_dtype)
 
 
+def token_sequences(seqs: SeqBatch) -> torch.Tensor:
+    """int32 [num_tokens] on the step's device: the sequence of each packed token (from query_start,
+    no host sync)."""
+    rows = torch.arange(seqs.num_tokens, device=seqs.query_start.device, dtype=torch.int32)
+    return torch.searchsorted(seqs.query_start[1:], rows, right=True).to(torch.int32)
+
+
 def query_chunks(num_queries: int, num_keys: int, heads: int, budget: int = 1 << 25) -> int:
     """Queries per chunk of a reference attention so that its float32 scores [heads, chunk, keys]
     stay under `budget` elements (128 MiB): memory O(tokens x chunk), not O(tokens^2)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from dayzero.kernels.devices import capability
 from dayzero.ops.paged import PagedStream, SeqBatch
 
 FLASH_DTYPES = (torch.bfloat16, torch.float16)
@@ -20,7 +21,7 @@ def available(q: torch.Tensor, k: PagedStream, v: PagedStream) -> bool:
     multiples of 8, sm_80 or newer, torch's flash backend on."""
     d = q.shape[-1]
     return (q.is_cuda and q.dtype in FLASH_DTYPES and k.entry_shape[1] == v.entry_shape[1] == d and d % 8 == 0
-            and d <= 256 and torch.cuda.get_device_capability(q.device) >= (8, 0)
+            and d <= 256 and capability(q.device) >= (8, 0)
             and torch.backends.cuda.flash_sdp_enabled() and hasattr(torch.ops.aten, "_flash_attention_forward"))
 
 

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from dayzero.kernels.devices import interpreted, sm_count
-from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch
+from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch, token_sequences
 
 LOG2E = 1.4426950408889634
 MIN_TILES_PER_SPLIT = 4  # a split reads at least this many key tiles (its partial o costs H x C x 8 bytes)
@@ -275,10 +275,8 @@ def mla_sparse(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: PagedStream,
     [N, K] (int32, positions within the row's sequence, -1 unused), the same kernel with the key tiles
     read through the indices (SPARSE): rows of a prefill each run as a decode would."""
     n, k = indices.shape
-    rows = torch.arange(n, device=q_nope.device, dtype=torch.int32)
-    row_seq = torch.searchsorted(seqs.query_start[1:], rows, right=True).to(torch.int32)
     _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, 0, n, k, out, splits, indices=indices,
-            row_seq=row_seq)
+            row_seq=token_sequences(seqs))
 
 
 def _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, r0, rows, max_len, out, splits, *, b0=0,

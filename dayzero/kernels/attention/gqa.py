@@ -114,10 +114,10 @@ def plan_for(q: torch.Tensor, k: PagedStream, seqs: SeqBatch, sliding_window: in
         from dayzero.kernels.devices import sm_count
 
         sms = sm_count(q.device)
-        flash_ok = forced != "triton" and available(q, k, v)
+        flash_ok = forced != "triton" and not seqs.is_decode and available(q, k, v)  # prefills only
     else:
         sms = H200_SMS
-    if forced == "flash" and not flash_ok:
+    if forced == "flash" and not flash_ok and not seqs.is_decode:
         raise ValueError(f"DAYZERO_VARIANT: paged_gqa_attention=flash needs torch's FlashAttention-2 to take the call "
                          f"(CUDA sm_80+, fp16/bf16, equal k and v dims <= 256 in multiples of 8); q is {q.dtype} "
                          f"on {q.device}, dims {k.entry_shape[1]} / {v.entry_shape[1]}")

@@ -20,6 +20,7 @@ import triton.language as tl
 
 from dayzero.kernels.attention._paged_tile import load_tile, locate, mma, stream_args
 from dayzero.ops.dsa import ranked_topk
+from dayzero.ops.paged import token_sequences
 
 BLOCK_N = 64
 SCORE_BYTES = 1 << 29  # float32 scores of one chunk of rows
@@ -66,8 +67,7 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
     if n == 0:
         return out
     width = triton.cdiv(seqs.max_seq_len, BLOCK_N) * BLOCK_N
-    rows = torch.arange(n, device=q.device, dtype=torch.int32)
-    row_seq = (torch.searchsorted(seqs.query_start[1:], rows, right=True)).to(torch.int32)
+    row_seq = token_sequences(seqs)
     data, scales, k_sp, k_ss = stream_args(index_k)[:4]
     ks_sp, ks_ss, ks_sg = (0, 0, 0) if index_k.scales is None else (*index_k.scales.stride(),)
     fp8 = index_k.scales is not None
