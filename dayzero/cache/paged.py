@@ -75,6 +75,13 @@ class _ProbeLayer:
     def __getitem__(self, name):
         return self.values[name]
 
+    def state_pool(self, name, shape, dtype):
+        """PagedLayerView.state_pool's (pool, slots) for the probe's one sequence: a zero state in slot 0."""
+        if name not in self.values:
+            self.layout.states.append(StateSpec(self.layer, name, tuple(shape), dtype))
+            self.values[name] = torch.zeros((1, *shape), dtype=dtype, device=self.seqs.seq_lens.device)
+        return self.values[name], torch.zeros(1, dtype=torch.long, device=self.seqs.seq_lens.device)
+
     def __setitem__(self, name, value):
         if name not in self.values:
             self.layout.states.append(StateSpec(self.layer, name, tuple(value.shape[1:]), value.dtype))
@@ -231,10 +238,28 @@ class PagedLayerView:
             raise KeyError(name)
         return value
 
-    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+    def state_pool(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pool [slots, *shape], the step's sequences' slot numbers long [num_seqs]) of state `name`, for
+        ops that read and write the states in place (ops.kda_recurrent_slots): pool[slots[b]] is sequence
+        b's state, zero for a fresh sequence (a step of only fresh sequences zeroes their slots here; a
+        mixed one had them zeroed by PagedStepCache). shape and dtype: what the layer expects (checked)."""
+        key = self._key_state(name)
+        pool = self.storage.states[key]
+        if tuple(pool.shape[1:]) != tuple(shape) or pool.dtype != dtype:
+            raise ValueError(f"layer {self.layer} state {name!r} is {pool.dtype} {tuple(pool.shape[1:])}, the model "
+                             f"expects {dtype} {tuple(shape)}")
+        if all(self.meta.fresh):
+            pool[self.meta.state_slots] = 0
+        return pool, self.meta.state_slots
+
+    def _key_state(self, name: str) -> tuple[int, str]:
         key = (self.layer, name)
         if key not in self.storage.states:
             raise KeyError(f"layer {self.layer} has no state {name!r} (not seen when the layout was probed)")
+        return key
+
+    def __setitem__(self, name: str, value: torch.Tensor) -> None:
+        key = self._key_state(name)
         self.storage.states[key][self.meta.state_slots] = value.to(self.storage.states[key].dtype)
 
 

@@ -166,8 +166,11 @@ class DeltaAttention(nn.Module):
         g = ops.kda_gate(self.f_b_proj(self.f_a_proj(x)).view(heads), self.A_log.view(-1), self.dt_bias,
                          self.lower_bound)
         beta = torch.sigmoid(self.b_proj(x))
-        names = ("conv_q", "conv_k", "conv_v", "recurrent")
+        names = ("conv_q", "conv_k", "conv_v")
         states = [cache.get(name) for name in names]
+        # the recurrent states are read and written in their pool: decodes in place (kda_recurrent_slots),
+        # prompts from and back to their slots
+        pool, slots = cache.state_pool("recurrent", (self.heads, self.head_dim, self.head_dim), torch.float32)
         outs, new_states = [], [[] for _ in names]
         seqs = cache.seqs
         for first, end, t in seqs.runs:  # [B, T] blocks of consecutive sequences with equal query length
@@ -179,11 +182,14 @@ class DeltaAttention(nn.Module):
                 y, st = conv(proj[rows].view(end - first, t, -1), part[j])
                 parts.append(y.view(shape))
                 new_states[j].append(st)
-            step = ops.kda_recurrent if t == 1 else ops.kda_chunk
-            kwargs = {} if t == 1 else {"chunk_size": KDA_CHUNK_SIZE}
-            o, st = step(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), part[3], **kwargs)
+            run_slots = slots[first:end]
+            if t == 1:
+                o = ops.kda_recurrent_slots(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), pool, run_slots)
+            else:
+                o, st = ops.kda_chunk(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), pool[run_slots],
+                                      chunk_size=KDA_CHUNK_SIZE)
+                pool[run_slots] = st
             outs.append(o.reshape(-1, self.heads, self.head_dim))
-            new_states[3].append(st)
         for name, parts in zip(names, new_states):
             cache[name] = torch.cat(parts)
         o = torch.cat(outs) if len(outs) > 1 else outs[0]

@@ -133,6 +133,27 @@ def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Te
     return o.transpose(1, 2).to(out_dtype), s
 
 
+@reference_op("kda_recurrent_slots")
+def kda_recurrent_slots(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                        pool: torch.Tensor, slots: torch.Tensor, scale: float | None = None,
+                        l2norm_qk: bool = True) -> torch.Tensor:
+    """`kda_recurrent` of B requests whose states live in a state pool: request b continues from
+    pool[slots[b]] and its final state is written back there, in place (a decode step updates its
+    requests' slots without a gathered copy of their states).
+
+    pool float32 [S, H, dk, dv]; slots int [B], distinct slot numbers < S; the rest as `kda_recurrent`.
+    Returns o [B, T, H, dv] in q.dtype."""
+    if pool.dim() != 4 or pool.dtype != torch.float32 or pool.shape[1:] != (q.shape[2], q.shape[3], v.shape[-1]):
+        raise ValueError(f"kda_recurrent_slots: pool must be float32 [slots, heads, dk, dv] = [S, {q.shape[2]}, "
+                         f"{q.shape[3]}, {v.shape[-1]}], got {pool.dtype} {tuple(pool.shape)}")
+    if slots.dim() != 1 or slots.shape[0] != q.shape[0] or slots.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"kda_recurrent_slots: slots must be int [batch={q.shape[0]}], got {slots.dtype} "
+                         f"{tuple(slots.shape)}")
+    o, final = kda_recurrent(q, k, v, g, beta, pool[slots], scale, l2norm_qk)
+    pool[slots] = final
+    return o
+
+
 @reference_op("kda_chunk")
 def kda_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
               state: torch.Tensor | None = None, scale: float | None = None, l2norm_qk: bool = True,

@@ -35,7 +35,8 @@ V4_INDEXER = "v4_indexer"  # DeepSeek-V4 indexer scores over compressed entries 
 V4_TOPK_SELECT = "v4_topk_select"
 SHORT_CONV1D = "short_conv1d"
 KDA_CHUNK = "kda_chunk"  # prefill
-KDA_RECURRENT = "kda_recurrent"  # decode
+KDA_RECURRENT = "kda_recurrent"  # decode of [B, T] states (kda_recurrent_slots is what the models call)
+KDA_RECURRENT_SLOTS = "kda_recurrent_slots"  # decode, states updated in their pool
 KDA_GATE = "kda_gate"  # per-channel log decay from the raw forget gate (plain or lower-bounded)
 # MoE
 ROUTE_SOFTMAX_TOPK = "route_softmax_topk"
@@ -59,7 +60,7 @@ VISION_ENCODER = "vision_encoder"
 ALL_OPS = (
     RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, ROPE_KV_WRITE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
     MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
-    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT,
+    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT, KDA_RECURRENT_SLOTS,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
     SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_ENCODER,
@@ -94,7 +95,7 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
     elif a.kind in ("swa", "gqa"):
         ops += [ROPE_KV_WRITE, GQA_ATTENTION]
     else:  # kda
-        ops += [SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT, GATED_RMS_NORM]
+        ops += [SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT_SLOTS, GATED_RMS_NORM]
     return ops
 
 

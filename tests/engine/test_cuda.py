@@ -27,7 +27,10 @@ def test_engine_on_cuda_gives_the_cpu_engines_tokens(name, tmp_path):
     _assert_pool_free(gpu)
 
 
-@pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v4", "kimi_linear"])
+EXPECTED_KERNELS = {"deepseek_v32": {"paged_index_topk@triton", "paged_sparse_mla_attention@triton"}}
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v4", "kimi_linear", "deepseek_v32"])
 def test_bf16_engine_on_cuda_uses_the_kernels(name, tmp_path):
     from dayzero.ops import REGISTRY
 
@@ -37,6 +40,7 @@ def test_bf16_engine_on_cuda_uses_the_kernels(name, tmp_path):
         outs = llm.generate(_prompts(llm.vocab_size, lengths), GREEDY)
     assert all(len(o.token_ids) == 6 for o in outs)
     assert any(k.endswith("@triton") for k in calls), calls
+    assert EXPECTED_KERNELS.get(name, set()) <= set(calls), calls
     _assert_pool_free(llm)
 
 

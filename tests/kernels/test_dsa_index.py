@@ -75,6 +75,26 @@ def test_index_topk_interpreted(seed):
     assert same >= (0.5 if rel > 1e-5 else 0.9), f"only {same:.0%} of the rows select exactly the reference's keys"
 
 
+@interpreter
+@pytest.mark.parametrize("seed", range(2))
+def test_tied_scores_select_as_the_reference(seed):
+    """Rows whose keys all score exactly 0 (q = 0), or -0.0 (q = 0 and negative weights), and rows where
+    a few keys win and the rest tie at 0 (ReLU): the kernel's selection equals the reference's exactly,
+    ties ranked by ascending position."""
+    from dayzero.kernels.dsa._index import paged_index_topk
+
+    rng = random.Random(seed)
+    query_lens, seq_lens = random_batch(rng, 3, 120)
+    q, w, index_k, scale, seqs = _step(seed, query_lens, seq_lens, 4, 16, block=16)
+    q[0::3] = 0
+    w[1::3] = -w[1::3].abs()
+    q[1::3] = 0
+    q[2::3, :, 1:] = 0  # one dim: about half the keys score 0 on every head
+    for k in (3, 50):
+        want = reference(q, w, index_k, scale, k, seqs)
+        assert torch.equal(paged_index_topk(q, w, index_k, scale, k, seqs), want)
+
+
 def test_unsupported_calls_run_the_reference():
     from dayzero.kernels.dsa import supports_paged_index_topk
 
@@ -97,3 +117,14 @@ def test_deepseek_v32_index_topk_cuda(fp8):
             got = index_op(*args[:4], 2048, args[4])
         assert calls == {"paged_index_topk@triton": 1}
         _check(got, args, 2048)
+
+
+@pytest.mark.parametrize("rows, width, k", [(1, 5000, 16), (3, 1000, 5), (2, 77, 3), (40, 900, 7), (1, 64, 100)])
+def test_best_keys_in_pieces_equals_one_topk(rows, width, k):
+    """The top-k by pieces (few long rows) selects and orders as one torch.topk over distinct keys,
+    padding included (widths that no piece count divides)."""
+    from dayzero.kernels.dsa._index import best_keys
+
+    g = torch.Generator().manual_seed(rows * width + k)
+    keys = (torch.randperm(10 * rows * width, generator=g)[:rows * width] - 5 * rows * width).view(rows, width)
+    assert torch.equal(best_keys(keys, k), torch.topk(keys, min(k, width), dim=1).values)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, short_conv1d
+from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, kda_recurrent_slots, short_conv1d
 
 
 @pytest.fixture(autouse=True)
@@ -157,6 +157,24 @@ def test_kda_chunk_equals_recurrent(t, chunk, lower_bound):
     # without an initial state: zeros
     o_0, _ = kda_chunk(q, k, v, g, beta, None, chunk_size=chunk)
     assert (o_0 - kda_recurrent(q, k, v, g, beta, torch.zeros_like(state))[0]).abs().max() <= 1e-5
+
+
+def test_kda_recurrent_slots_updates_only_its_slots_in_place():
+    q, k, v, g, beta = _inputs(3, 1, 2, 8, 6)
+    state = torch.randn(3, 2, 8, 6)
+    pool = torch.randn(7, 2, 8, 6, generator=torch.Generator().manual_seed(5))
+    slots = torch.tensor([5, 0, 3])
+    pool[slots] = state
+    before = pool.clone()
+    o = kda_recurrent_slots(q, k, v, g, beta, pool, slots)
+    want_o, want_s = _kda_loop(q, k, v, g, beta, state)
+    assert (o.double() - want_o).abs().max() <= 1e-5 and (pool[slots].double() - want_s).abs().max() <= 1e-5
+    rest = torch.tensor([1, 2, 4, 6])
+    assert torch.equal(pool[rest], before[rest])
+    with pytest.raises(ValueError, match="pool must be float32"):
+        kda_recurrent_slots(q, k, v, g, beta, pool[:, :1], slots)
+    with pytest.raises(ValueError, match="slots must be int"):
+        kda_recurrent_slots(q, k, v, g, beta, pool, slots[:2])
 
 
 def test_kda_chunk_continues_from_its_state():

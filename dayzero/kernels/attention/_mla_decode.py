@@ -41,6 +41,8 @@ from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch, token_sequences
 
 LOG2E = 1.4426950408889634
 MIN_TILES_PER_SPLIT = 4  # a split reads at least this many key tiles (its partial o costs H x C x 8 bytes)
+MIN_TILES_PER_SPARSE_SPLIT = 2  # gathered tiles cost more each: at batch 1 and 2048 selected keys, 16
+# splits ran in 44 µs against 56 at 8 and 46 at 32 (H200, bench/dsa.py --splits)
 MAX_SPLITS = 64
 REDUCE_COLUMNS = 128  # latent columns per program of the split merge
 
@@ -249,12 +251,13 @@ def _mla_reduce_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, H, stride_or, stride_os,
     tl.store(out_ptr + h * stride_xh + r * stride_xr + offs_c, out.to(out_ptr.dtype.element_ty), mask=offs_c < C)
 
 
-def num_splits(max_len: int, rows: int, head_blocks: int, block_n: int, device: torch.device) -> int:
+def num_splits(max_len: int, rows: int, head_blocks: int, block_n: int, device: torch.device,
+               min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
     """Key splits per sequence: enough programs for one wave over the SMs (4 on the interpreter, so
     tests exercise the merge), each split at least MIN_TILES_PER_SPLIT tiles of the longest sequence."""
     slots = sm_count(device) if device.type == "cuda" else 4
     splits = max(1, slots // max(1, rows * head_blocks))
-    return max(1, min(splits, MAX_SPLITS, triton.cdiv(triton.cdiv(max_len, block_n), MIN_TILES_PER_SPLIT)))
+    return max(1, min(splits, MAX_SPLITS, triton.cdiv(triton.cdiv(max_len, block_n), min_tiles)))
 
 
 def mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, kv_latent: PagedStream, k_pe: PagedStream,
@@ -290,7 +293,8 @@ def _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, r0, rows, ma
     qpe = q_pe[r0:r0 + rows]
     head_blocks = triton.cdiv(h, cfg.block_h)
     if splits is None:
-        splits = num_splits(max_len, rows, head_blocks, cfg.block_n, device)
+        splits = num_splits(max_len, rows, head_blocks, cfg.block_n, device,
+                            MIN_TILES_PER_SPARSE_SPLIT if indices is not None else MIN_TILES_PER_SPLIT)
     o_lat = torch.empty(h, rows, c, dtype=dtype, device=device)
     if splits == 1:
         part, lse = o_lat, o_lat

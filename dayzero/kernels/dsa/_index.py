@@ -6,11 +6,16 @@ a per-row sequence index) gives its block-table row and its position p; keys pas
 sequence) score -inf and are not read; the others are read through the table (an FP8 stream dequantized
 by its scales and rounded to q's dtype, as PagedStream.read), and score sum_h w[h] * relu(scale * q[h] . k) in float32: bf16 / f16 products on the
 tensor cores (exact in float32, summed in float32), float32 and FP8 streams as IEEE float32 products.
-A chunk of rows writes float32 [rows, S] (S: the longest sequence of the step rounded up to BLOCK_N),
-chunked so that it stays within SCORE_BYTES.
+A chunk of rows writes [rows, S] (S: the longest sequence of the step rounded up to BLOCK_N), chunked so
+that it stays within SCORE_BYTES.
 
-Top-k: dayzero.ops.dsa.ranked_topk over each row (descending, equal scores by ascending key, the
-reference's order), -inf -> -1, -1 past the row's width. Host sizes only (no device value is read)."""
+Top-k: the reference's order (dayzero.ops.dsa.ranked_topk: descending score, equal scores by ascending
+key, -0.0 as 0.0) is made a total order of distinct int64 keys, so that torch.topk (a radix select, much
+faster than the reference's stable sort of the whole row) can neither pick nor order ties its own way:
+    key = sortable(score) * 2^32 + (2^31 - 1 - position)
+sortable maps float32 bits to an int32 in the floats' order (negative floats: the low 31 bits flipped);
+keys not visible are INT64_MIN and come back as -1. Few long rows are cut into pieces (`best_keys`):
+the k best of each piece, then the k best of those. Host sizes only (no device value is read)."""
 
 from __future__ import annotations
 
@@ -19,11 +24,25 @@ import triton
 import triton.language as tl
 
 from dayzero.kernels.attention._paged_tile import load_tile, locate, mma, stream_args
-from dayzero.ops.dsa import ranked_topk
 from dayzero.ops.paged import token_sequences
 
 BLOCK_N = 64
-SCORE_BYTES = 1 << 29  # float32 scores of one chunk of rows
+PIECE_ROWS = 128  # rows x pieces the first top-k stage aims at
+PIECE_FACTOR = 8  # a piece holds at least this many times k keys
+SCORE_BYTES = 1 << 29  # int64 order keys of one chunk of rows
+
+
+INT64_MIN = tl.constexpr(-2**63)
+LOW = 2**31 - 1  # the position part's complement base (the literal in _order_key)
+
+
+@triton.jit
+def _order_key(score, tokens):
+    """int64 keys in ranked_topk's order of (score, token): module docstring."""
+    score = tl.where(score == 0.0, 0.0, score)  # -0.0 ranks as 0.0
+    bits = score.to(tl.int32, bitcast=True)
+    sortable = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (sortable.to(tl.int64) << 32) | (0x7FFFFFFF - tokens).to(tl.int64)
 
 
 @triton.jit
@@ -40,7 +59,7 @@ def _scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, row_seq_ptr, qstart_p
     ok = tokens <= pos
     dst = out_ptr + i.to(tl.int64) * stride_on + tokens
     if n0 > pos:
-        tl.store(dst, tl.full([BLOCK_N], float("-inf"), tl.float32))
+        tl.store(dst, tl.full([BLOCK_N], INT64_MIN, tl.int64))
     else:
         offs_d = tl.arange(0, BLOCK_D)
         heads = tl.arange(0, BLOCK_H)
@@ -57,7 +76,23 @@ def _scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, row_seq_ptr, qstart_p
             s = mma(k.to(q.dtype), tl.trans(q), False)
         s = tl.maximum(s * scale, 0.0)  # [BLOCK_N keys, BLOCK_H heads]
         score = tl.sum(s * w[None, :], 1)
-        tl.store(dst, tl.where(ok, score, float("-inf")))
+        tl.store(dst, tl.where(ok, _order_key(score, tokens), INT64_MIN))
+
+
+def best_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """The min(k, W) largest of each row of distinct int64 keys [R, W], in descending order. torch.topk
+    selects each row in one thread block, so a step of few long rows (a decode at 128K: one row) would
+    run on a few SMs: rows of at least 2 PIECE_FACTOR k keys are cut into pieces of at least
+    PIECE_FACTOR k keys, as many as bring R x pieces to about PIECE_ROWS, and each piece's k best
+    selected first (exact: the keys are distinct, so the k best of the union are among them)."""
+    r, w = keys.shape
+    pieces = min(w // (PIECE_FACTOR * k), max(1, PIECE_ROWS // r))
+    if pieces >= 2:
+        length = triton.cdiv(w, pieces)
+        if pieces * length > w:
+            keys = torch.nn.functional.pad(keys, (0, pieces * length - w), value=-2**63)
+        keys = torch.topk(keys.view(r * pieces, length), k, dim=1, sorted=False).values.view(r, pieces * k)
+    return torch.topk(keys, min(k, keys.shape[1]), dim=1, sorted=True).values
 
 
 def paged_index_topk(q, weights, index_k, scale, k, seqs):
@@ -71,18 +106,18 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
     data, scales, k_sp, k_ss = stream_args(index_k)[:4]
     ks_sp, ks_ss, ks_sg = (0, 0, 0) if index_k.scales is None else (*index_k.scales.stride(),)
     fp8 = index_k.scales is not None
-    chunk = max(1, SCORE_BYTES // (4 * width))
-    scores = torch.empty((min(chunk, n), width), dtype=torch.float32, device=q.device)
+    chunk = max(1, SCORE_BYTES // (8 * width))
+    keys = torch.empty((min(chunk, n), width), dtype=torch.int64, device=q.device)
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
-        part = scores[:r1 - r0]
+        part = keys[:r1 - r0]
         _scores_kernel[(r1 - r0, width // BLOCK_N)](
             q, weights, data, scales, index_k.block_table, row_seq, seqs.query_start, seqs.seq_lens, part,
             float(scale), r0, q.stride(0), q.stride(1), weights.stride(0), index_k.block_table.stride(0),
             part.stride(0), k_sp, k_ss, ks_sp, ks_ss, ks_sg, H=h, D=d, PAGE=index_k.block_size, BLOCK_N=BLOCK_N,
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), FP8=fp8,
             F32=fp8 or q.dtype == torch.float32 or not q.is_cuda)  # the interpreter cannot multiply bf16
-        values, idx = ranked_topk(part, min(k, width))
-        idx = idx.masked_fill(values == float("-inf"), -1).to(torch.int32)
-        out[r0:r1, :idx.shape[1]] = idx
+        top = best_keys(part, k)
+        idx = (LOW - (top & 0xFFFFFFFF)).to(torch.int32)
+        out[r0:r1, :idx.shape[1]] = idx.masked_fill_(top == -2**63, -1)
     return out

@@ -20,7 +20,8 @@ import torch
 from dayzero.ops.registry import REGISTRY
 
 PRIORITY = 10  # above the reference
-DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DTYPES = (torch.bfloat16, torch.float16)  # float32 runs on the reference: fla's float32 chunk kernels took
+# over 150 s to autotune on the H200 (a GPU test run timed out on one), longer than any first request may wait
 
 
 @functools.cache
@@ -47,6 +48,16 @@ def supports_kda(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk
                              and tuple(state.shape) == (b, h, q.shape[3], v.shape[3]))
 
 
+def supports_kda_slots(q, k, v, g, beta, pool, slots, scale=None, l2norm_qk=True) -> bool:
+    """As supports_kda for one token per request, and the pool a contiguous float32 [S, H, dk, dv] on
+    q's device with int slots [B]."""
+    return (supports_kda(q, k, v, g, beta) and q.shape[1] == 1 and isinstance(pool, torch.Tensor)
+            and isinstance(slots, torch.Tensor) and pool.is_cuda and pool.dtype == torch.float32
+            and pool.is_contiguous() and tuple(pool.shape[1:]) == (q.shape[2], q.shape[3], v.shape[3])
+            and slots.is_cuda and slots.dim() == 1 and slots.shape[0] == q.shape[0]
+            and slots.dtype in (torch.int32, torch.int64))
+
+
 def kda_chunk(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64):
     from fla.ops.kda import chunk_kda
 
@@ -63,7 +74,20 @@ def kda_recurrent(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True):
     return o.to(q.dtype), final.float()
 
 
+def kda_recurrent_slots(q, k, v, g, beta, pool, slots, scale=None, l2norm_qk=True):
+    """fla's decode kernel reading each request's state at pool[slots[b]] and storing the final state
+    there (its continuous-batching form, `ssm_state_indices` with an in-place final state)."""
+    from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+    o, _ = fused_recurrent_kda_fwd(q=q, k=k, v=v, g=g.float(), beta=beta, scale=scale, initial_state=pool,
+                                   inplace_final_state=True, ssm_state_indices=slots,
+                                   use_qk_l2norm_in_kernel=l2norm_qk)
+    return o.to(q.dtype)
+
+
 REGISTRY.register_kernel("kda_chunk", kda_chunk, backend="fla", devices=["cuda"], priority=PRIORITY,
                          available=fla_available, supports=supports_kda)
 REGISTRY.register_kernel("kda_recurrent", kda_recurrent, backend="fla", devices=["cuda"], priority=PRIORITY,
                          available=fla_available, supports=supports_kda)
+REGISTRY.register_kernel("kda_recurrent_slots", kda_recurrent_slots, backend="fla", devices=["cuda"],
+                         priority=PRIORITY, available=fla_available, supports=supports_kda_slots)
