@@ -36,7 +36,7 @@ def test_required_ops_per_kind():
     assert {req.GQA_ATTENTION, req.ROUTE_SOFTMAX_TOPK, req.MOE_EXPERTS_MXFP4, req.SWIGLU_CLAMPED, req.LINEAR} <= set(oss)
     k3 = load_spec(config("kimi-k3"))
     kda = req.required_ops(k3.layers[1])
-    assert {req.SHORT_CONV1D, req.KDA_CHUNK, req.KDA_RECURRENT, req.GATED_RMS_NORM, req.SITU, req.ATTENTION_RESIDUAL} <= set(kda)
+    assert {req.SHORT_CONV1D, req.KDA_CHUNK, req.KDA_RECURRENT_SLOTS, req.GATED_RMS_NORM, req.SITU, req.ATTENTION_RESIDUAL} <= set(kda)
     mla = req.required_ops(k3.layers[3])
     assert req.MLA_ATTENTION in mla and req.ROPE not in mla  # NoPE MLA
     assert all(op in req.ALL_OPS for layer in k3.layers for op in req.required_ops(layer))
