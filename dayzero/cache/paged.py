@@ -241,15 +241,13 @@ class PagedLayerView:
     def state_pool(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """(pool [slots, *shape], the step's sequences' slot numbers long [num_seqs]) of state `name`, for
         ops that read and write the states in place (ops.kda_recurrent_slots): pool[slots[b]] is sequence
-        b's state, zero for a fresh sequence (a step of only fresh sequences zeroes their slots here; a
-        mixed one had them zeroed by PagedStepCache). shape and dtype: what the layer expects (checked)."""
+        b's state, zero for a fresh sequence (PagedStepCache zeroed the fresh slots). shape and dtype: what
+        the layer expects (checked)."""
         key = self._key_state(name)
         pool = self.storage.states[key]
         if tuple(pool.shape[1:]) != tuple(shape) or pool.dtype != dtype:
             raise ValueError(f"layer {self.layer} state {name!r} is {pool.dtype} {tuple(pool.shape[1:])}, the model "
                              f"expects {dtype} {tuple(shape)}")
-        if all(self.meta.fresh):
-            pool[self.meta.state_slots] = 0
         return pool, self.meta.state_slots
 
     def _key_state(self, name: str) -> tuple[int, str]:
@@ -271,10 +269,11 @@ class PagedStepCache:
         self.storage, self.meta = storage, meta
         self.logits_indices = meta.logits_indices
         self.layers = [PagedLayerView(storage, meta, i) for i in range(num_layers)]
-        if storage.states and any(meta.fresh) and not all(meta.fresh):  # fresh sequences start from zero state
-            for slot in (s for s, f in zip(meta.state_slots_host, meta.fresh) if f):
-                for t in storage.states.values():
-                    t[slot] = 0
+        if storage.states and any(meta.fresh):  # fresh sequences start from zero state: one op per state tensor
+            fresh = [s for s, f in zip(meta.state_slots_host, meta.fresh) if f]
+            slots = torch.tensor(fresh, dtype=torch.long).to(meta.state_slots.device, non_blocking=True)
+            for t in storage.states.values():
+                t[slots] = 0
 
     @property
     def seqs(self) -> SeqBatch:

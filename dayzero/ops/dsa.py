@@ -36,7 +36,10 @@ def lightning_indexer(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, s
     """Index scores I[b, t, s] = sum_h weights[b, t, h] * relu(scale * q[b, t, h] . k[b, s]).
 
     q [B, T, Hi, Di] (rotated), k [B, S, Di] (rotated, every cached key), weights [B, T, Hi];
-    returns float32 [B, T, S], computed in float32. No mask: see `topk_select`."""
+    returns float32 [B, T, S], accumulated in float64 and rounded once: the same query's scores then
+    agree to the last bit whether it runs alone (a decode step) or among others (a full forward),
+    whose float32 matmuls reduce in other orders; the selection of near-tied keys (seen 7 ulp apart in
+    the tests' tiny models) must not depend on that. No mask: see `topk_select`."""
     if q.dim() != 4 or k.dim() != 3 or weights.dim() != 3:
         raise ValueError(
             f"lightning_indexer: q must be [batch, tokens, heads, dim], k [batch, keys, dim], weights "
@@ -47,8 +50,8 @@ def lightning_indexer(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, s
             f"lightning_indexer: shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, weights {tuple(weights.shape)} "
             "(batch, head dim and heads must match)"
         )
-    logits = torch.einsum("bthd,bsd->bths", q.float(), k.float()) * scale
-    return torch.einsum("bths,bth->bts", logits.relu(), weights.float())
+    logits = torch.einsum("bthd,bsd->bths", q.double(), k.double()) * scale
+    return torch.einsum("bths,bth->bts", logits.relu(), weights.double()).float()
 
 
 def ranked_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
