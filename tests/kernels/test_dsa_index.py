@@ -119,12 +119,17 @@ def test_deepseek_v32_index_topk_cuda(fp8):
         _check(got, args, 2048)
 
 
-@pytest.mark.parametrize("rows, width, k", [(1, 5000, 16), (3, 1000, 5), (2, 77, 3), (40, 900, 7), (1, 64, 100)])
-def test_best_keys_in_pieces_equals_one_topk(rows, width, k):
-    """The top-k by pieces (few long rows) selects and orders as one torch.topk over distinct keys,
-    padding included (widths that no piece count divides)."""
-    from dayzero.kernels.dsa._index import best_keys
+@interpreter
+@pytest.mark.parametrize("seed", range(2))
+def test_a_decode_step_with_a_graphs_host_lengths_selects_the_same_keys(seed):
+    """A CUDA graph is captured with max_model_len as every sequence's host length (engine.graphs): the
+    kernel then scores a wider row, but reads the real lengths from the device, so its selection is the
+    step's own."""
+    from dayzero.kernels.dsa._index import paged_index_topk
 
-    g = torch.Generator().manual_seed(rows * width + k)
-    keys = (torch.randperm(10 * rows * width, generator=g)[:rows * width] - 5 * rows * width).view(rows, width)
-    assert torch.equal(best_keys(keys, k), torch.topk(keys, min(k, width), dim=1).values)
+    rng = random.Random(seed)
+    seq_lens = [rng.randint(1, 90) for _ in range(rng.randint(1, 4))]
+    q, w, index_k, scale, seqs = _step(seed, [1] * len(seq_lens), seq_lens, 4, 16, block=16)
+    wide = SeqBatch(seqs.query_start, seqs.seq_lens, seqs.query_start_host, (256,) * len(seq_lens))
+    for k in (5, 64):
+        assert torch.equal(paged_index_topk(q, w, index_k, scale, k, wide), paged_index_topk(q, w, index_k, scale, k, seqs))

@@ -41,8 +41,8 @@ from dayzero.ops.paged import FP8_GROUP, PagedStream, SeqBatch, token_sequences
 
 LOG2E = 1.4426950408889634
 MIN_TILES_PER_SPLIT = 4  # a split reads at least this many key tiles (its partial o costs H x C x 8 bytes)
-MIN_TILES_PER_SPARSE_SPLIT = 2  # gathered tiles cost more each: at batch 1 and 2048 selected keys, 16
-# splits ran in 44 µs against 56 at 8 and 46 at 32 (H200, bench/dsa.py --splits)
+MIN_TILES_PER_SPARSE_SPLIT = 2  # gathered tiles cost more each: at batch 1 and 2048 selected keys, 16 and
+# 32 splits ran in 46.0 µs against 56.6 at 8; at batch 16, 4 splits were best (105 µs) (H200, bench/dsa.py --splits)
 MAX_SPLITS = 64
 REDUCE_COLUMNS = 128  # latent columns per program of the split merge
 

@@ -14,8 +14,9 @@ key, -0.0 as 0.0) is made a total order of distinct int64 keys, so that torch.to
 faster than the reference's stable sort of the whole row) can neither pick nor order ties its own way:
     key = sortable(score) * 2^32 + (2^31 - 1 - position)
 sortable maps float32 bits to an int32 in the floats' order (negative floats: the low 31 bits flipped);
-keys not visible are INT64_MIN and come back as -1. Few long rows are cut into pieces (`best_keys`):
-the k best of each piece, then the k best of those. Host sizes only (no device value is read)."""
+keys not visible are INT64_MIN and come back as -1. One torch.topk per chunk of rows (a two-stage top-k
+by pieces of the row, for few long rows, measured slower on the H200: BENCHMARKS.md). Host sizes only
+(no device value is read)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,6 @@ from dayzero.kernels.attention._paged_tile import load_tile, locate, mma, stream
 from dayzero.ops.paged import token_sequences
 
 BLOCK_N = 64
-PIECE_ROWS = 128  # rows x pieces the first top-k stage aims at
-PIECE_FACTOR = 8  # a piece holds at least this many times k keys
 SCORE_BYTES = 1 << 29  # int64 order keys of one chunk of rows
 
 
@@ -79,22 +78,6 @@ def _scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, row_seq_ptr, qstart_p
         tl.store(dst, tl.where(ok, _order_key(score, tokens), INT64_MIN))
 
 
-def best_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """The min(k, W) largest of each row of distinct int64 keys [R, W], in descending order. torch.topk
-    selects each row in one thread block, so a step of few long rows (a decode at 128K: one row) would
-    run on a few SMs: rows of at least 2 PIECE_FACTOR k keys are cut into pieces of at least
-    PIECE_FACTOR k keys, as many as bring R x pieces to about PIECE_ROWS, and each piece's k best
-    selected first (exact: the keys are distinct, so the k best of the union are among them)."""
-    r, w = keys.shape
-    pieces = min(w // (PIECE_FACTOR * k), max(1, PIECE_ROWS // r))
-    if pieces >= 2:
-        length = triton.cdiv(w, pieces)
-        if pieces * length > w:
-            keys = torch.nn.functional.pad(keys, (0, pieces * length - w), value=-2**63)
-        keys = torch.topk(keys.view(r * pieces, length), k, dim=1, sorted=False).values.view(r, pieces * k)
-    return torch.topk(keys, min(k, keys.shape[1]), dim=1, sorted=True).values
-
-
 def paged_index_topk(q, weights, index_k, scale, k, seqs):
     """As dayzero.ops.dsa.paged_index_topk (checked by `supports`): int32 [N, k] key positions, -1 padded."""
     n, h, d = q.shape
@@ -117,7 +100,7 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
             part.stride(0), k_sp, k_ss, ks_sp, ks_ss, ks_sg, H=h, D=d, PAGE=index_k.block_size, BLOCK_N=BLOCK_N,
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), FP8=fp8,
             F32=fp8 or q.dtype == torch.float32 or not q.is_cuda)  # the interpreter cannot multiply bf16
-        top = best_keys(part, k)
+        top = torch.topk(part, min(k, width), dim=1, sorted=True).values  # distinct keys: exact order
         idx = (LOW - (top & 0xFFFFFFFF)).to(torch.int32)
         out[r0:r1, :idx.shape[1]] = idx.masked_fill_(top == -2**63, -1)
     return out
