@@ -15,7 +15,7 @@ lengths (dayzero.kernels.attention.gqa_choose). The MoE layer's own per-layer gr
 while a whole-step graph is captured (dayzero.kernels.moe._graphs).
 
 Which models can be captured: a model names what stops its decode step from being captured
-(`CausalLM.cuda_graph_blocker`: DSA past index_topk, DeepSeek-V4's compressed entries) and then runs
+(`CausalLM.cuda_graph_blocker`: DeepSeek-V4's compressed entries) and then runs
 eagerly. Beyond that, capture itself decides: reference ops are the specification, not written for
 capture (they check values on the host, loop over the sequences' host lengths, make data-dependent
 shapes), so a capture during which an op ran its reference where it reads the sequences' host

@@ -304,15 +304,11 @@ class DeepseekV3ForCausalLM(CausalLM):
             layer.self_attn.post_load()
 
     def cuda_graph_blocker(self, max_model_len: int) -> str | None:
-        """Dense MLA and the MoE layer capture; DSA stays eager once a sequence can outgrow index_topk:
-        its indexer and sparse-attention kernels (kernels/dsa, kernels/attention/_mla_decode.mla_sparse)
-        have not yet been replayed against eager steps on a GPU, and their reference ops loop over the
-        sequences on the host."""
-        topk = min((layer.self_attn.indexer.topk for layer in self.model.layers
-                    if layer.self_attn.indexer is not None), default=None)
-        if topk is not None and max_model_len > topk:
-            return (f"DSA (index_topk {topk} < max_model_len {max_model_len}): its kernels are not yet checked in CUDA "
-                    "graphs (and its reference ops' launches depend on the sequences' lengths)")
+        """None: dense MLA, the MoE layer and DSA's kernels capture. A graph is captured with max_model_len
+        host lengths, so past index_topk its replays always take DSA's sparse path, which over a shorter
+        history selects every key (dense MLA's result); the indexer kernel reads the real lengths from the
+        device and scores only visible keys. Where an op runs its reference instead (host-length loops:
+        engine.graphs.HOST_LENGTH_OPS), the capture is abandoned and decode runs eagerly."""
         return None
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:

@@ -205,9 +205,7 @@ def test_models_say_whether_their_decode_step_captures(tmp_path):
     v4 = LLM(FAMILIES["deepseek_v4"][0](tmp_path), dtype="float32")
     assert "compressed entries" in v4.model.cuda_graph_blocker(128)
     v32 = LLM(FAMILIES["deepseek_v32"][0](tmp_path), dtype="float32")
-    topk = v32.model.model.layers[0].self_attn.indexer.topk
-    assert v32.model.cuda_graph_blocker(topk) is None
-    assert "index_topk" in v32.model.cuda_graph_blocker(topk + 1)
+    assert v32.model.cuda_graph_blocker(1 << 17) is None  # DSA's kernels capture past index_topk
     gpt_oss = LLM(FAMILIES["gpt_oss"][0](tmp_path), dtype="float32")
     assert gpt_oss.model.cuda_graph_blocker(1 << 20) is None
 
@@ -269,17 +267,15 @@ def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path,
     batches of 5 (bucket 6, one padding row) then 3 (bucket 4). A model whose capture fails runs
     eagerly and the log says why."""
     path = CASES[name](tmp_path)
-    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=6)
-    if name == "deepseek_v32":
-        kwargs["max_model_len"] = 8  # no longer than index_topk: dense MLA, which captures
+    kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=6, max_model_len=128)  # DSA: past index_topk 8
     with caplog.at_level("INFO", logger="dayzero"):
         llm = LLM(path, **kwargs)
     if llm.runner.graphs is None:
         assert name not in MUST_CAPTURE and "without CUDA graphs" in caplog.text, caplog.text
         return
     errors = _check_every_graph_step_against_eager(llm, 2e-2)
-    lengths = [3, 5, 4, 2, 6] if name == "deepseek_v32" else [3, 17, 9, 30, 5]
-    params = SamplingParams(max_tokens=2 if name == "deepseek_v32" else 7, temperature=0.0, ignore_eos=True)
+    lengths = [3, 17, 9, 30, 5]  # DSA: replays take the sparse path; eager steps, dense MLA while <= index_topk
+    params = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)
     for prompts in (_prompts(llm.vocab_size, lengths), _prompts(llm.vocab_size, lengths[:3], seed=1)):
         llm.generate(prompts, params)
     assert len(errors) == llm.runner.graphs.num_replays >= 2
