@@ -4,6 +4,7 @@
     python bench/checkpoints.py deepseek-v4-flash /tmp/dsv4-flash        # 26 layers, 88.6 GiB: 65% of an H200
     python bench/checkpoints.py deepseek-v4-flash /tmp/dsv4 --layers 12  # or a given number of layers
     python bench/checkpoints.py deepseek-v4-flash --plan                 # bytes per layer, layers, shards; no files
+    python bench/checkpoints.py deepseek-v3.2 /tmp/dsv32                 # 4 layers (3 dense + 1 MoE), 15.9 GiB
 
 gpt-oss-20b: the published config (24 layers, hidden 2880, 64 query / 8 kv heads of 64, 32 experts
 top-4, sliding window 128 on even layers, vocab 201088) and the published on-disk layout: experts as
@@ -23,6 +24,16 @@ GiB of it the routed experts), embeddings, head and the rest 1.97 GiB (all 43 la
 weights within FIT_FRACTION of the H200's memory, leaving the rest to the KV pool and the workspaces:
 26 layers, 88.6 GiB. A disk of 64 GiB (the single-GPU machine's) holds about 16 layers (55 GiB).
 
+deepseek-v3.2: DeepSeek-V3.2's published config (tests/spec/fullsize_configs.py: hidden 7168, 128 heads,
+MLA with latent 512 + 64, q_lora_rank 1536, the DSA indexer 64 heads of 128 with top-2048, 256 routed
+experts of 2048 top-8 plus one shared, the first 3 layers dense MLPs of 18432, vocab 129280) and its
+release layout (tests/models/deepseek_checkpoints.py: every Linear of the layers FP8 e4m3 with a float32
+power-of-two `weight_scale_inv` per 128x128 block, embeddings, norms, lm_head, the router and the
+indexer's weights_proj bf16, the router's correction bias float32), without the MTP layer. A dense layer
+is 0.56 GiB, a MoE layer 10.7 GiB, embeddings and head 3.45 GiB: the default 4 layers (3 dense, 1 MoE)
+are 15.9 GiB, enough to time attention, the indexer and one MoE layer at long context; `--layers 5`
+adds a second MoE layer (26.6 GiB).
+
 Values are random with realistic scales (matrices ~ N(0, 1/K): FP8 values N(0, 1) under a block scale
 of 2^round(log2(K^-1/2)); FP4 codes uniform over all 16 with scales near 2^-7.5, so expert outputs stay
 O(1)); no tokenizer (benchmarks feed token ids). Tensors are drawn on `--device` (the GPU by default)
@@ -36,6 +47,7 @@ import argparse
 import json
 import math
 import struct
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +91,18 @@ DEEPSEEK_V4_FLASH = {
     "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                             "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
 }
+
+V32_LAYERS = 4  # the default: DeepSeek-V3.2's 3 dense layers and one MoE layer
+
+
+def deepseek_v32_config() -> dict:
+    """DeepSeek-V3.2's published config without its MTP layer (the benchmark checkpoint ships none)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.spec.fullsize_configs import config
+
+    return dict(config("deepseek-v3.2"), num_nextn_predict_layers=0, torch_dtype="bfloat16", eos_token_id=1,
+                bos_token_id=0)
+
 
 CODES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.uint8: "U8", torch.int8: "I8", torch.int64: "I64",
          torch.float8_e4m3fn: "F8_E4M3", torch.float8_e8m0fnu: "F8_E8M0"}
@@ -208,6 +232,50 @@ def deepseek_v4_plan(c: dict) -> list[Tensor]:
     return out
 
 
+def deepseek_v32_plan(c: dict) -> list[Tensor]:
+    """The release layout (tests/models/deepseek_checkpoints.py writes it at test size), tensor by tensor."""
+    h, vocab, heads = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
+    q, kv, nope, rope, v = c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    experts, moe, dense = c["n_routed_experts"], c["moe_intermediate_size"], c["intermediate_size"]
+    index_heads, index_dim = c["index_n_heads"], c["index_head_dim"]
+    bf16, f32 = torch.bfloat16, torch.float32
+
+    def fp8(name, n, k):
+        grid = (math.ceil(n / 128), math.ceil(k / 128))
+        scale = 2.0 ** round(math.log2(k ** -0.5))  # ue8m0: a power of two, stored float32
+        return [Tensor(name + ".weight", torch.float8_e4m3fn, (n, k), "fp8"),
+                Tensor(name + ".weight_scale_inv", f32, grid, "uniform", (scale, scale))]
+
+    def mlp(name, inter):
+        return fp8(f"{name}.gate_proj", inter, h) + fp8(f"{name}.up_proj", inter, h) + fp8(f"{name}.down_proj", h, inter)
+
+    out = [Tensor("model.embed_tokens.weight", bf16, (vocab, h), "normal", (1.0,))]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        out += [Tensor(f"{p}.input_layernorm.weight", bf16, (h,), "norm"),
+                Tensor(f"{p}.post_attention_layernorm.weight", bf16, (h,), "norm")]
+        out += fp8(f"{a}.q_a_proj", q, h) + [Tensor(f"{a}.q_a_layernorm.weight", bf16, (q,), "norm")]
+        out += fp8(f"{a}.q_b_proj", heads * (nope + rope), q)
+        out += fp8(f"{a}.kv_a_proj_with_mqa", kv + rope, h) + [Tensor(f"{a}.kv_a_layernorm.weight", bf16, (kv,), "norm")]
+        out += fp8(f"{a}.kv_b_proj", heads * (nope + v), kv) + fp8(f"{a}.o_proj", h, heads * v)
+        out += fp8(f"{a}.indexer.wq_b", index_heads * index_dim, q) + fp8(f"{a}.indexer.wk", index_dim, h)
+        out += [Tensor(f"{a}.indexer.k_norm.weight", bf16, (index_dim,), "norm"),
+                Tensor(f"{a}.indexer.k_norm.bias", bf16, (index_dim,), "normal", (0.1,)),
+                Tensor(f"{a}.indexer.weights_proj.weight", bf16, (index_heads, h), "normal", (h ** -0.5,))]
+        if i < c["first_k_dense_replace"]:
+            out += mlp(f"{p}.mlp", dense)
+            continue
+        out += [Tensor(f"{p}.mlp.gate.weight", bf16, (experts, h), "normal", (h ** -0.5,)),
+                Tensor(f"{p}.mlp.gate.e_score_correction_bias", f32, (experts,), "uniform", (0.0, 0.2))]
+        for e in range(experts):
+            out += mlp(f"{p}.mlp.experts.{e}", moe)
+        out += mlp(f"{p}.mlp.shared_experts", moe * c["n_shared_experts"])
+    out += [Tensor("model.norm.weight", bf16, (h,), "norm"),
+            Tensor("lm_head.weight", bf16, (vocab, h), "normal", (h ** -0.5,))]
+    return out
+
+
 def layer_bytes(plan: list[Tensor], prefix: str) -> list[int]:
     """Bytes of each layer (tensors named `{prefix}{i}.`), by layer index."""
     sizes: dict[int, int] = {}
@@ -246,12 +314,18 @@ def config_for(kind: str, layers: int | None = None, **overrides) -> dict:
             raise SystemExit(f"--layers must be in [1, {FLASH_LAYERS}] for deepseek-v4-flash, got {n}")
         config.update(num_hidden_layers=n, compress_ratios=config["compress_ratios"][:n],
                       num_hash_layers=min(config["num_hash_layers"], n))
+    elif kind == "deepseek-v3.2":
+        config = dict(deepseek_v32_config(), **overrides)
+        n = layers or V32_LAYERS
+        if not 1 <= n <= 61:
+            raise SystemExit(f"--layers must be in [1, 61] for deepseek-v3.2, got {n}")
+        config.update(num_hidden_layers=n)
     else:
         raise SystemExit(f"unknown checkpoint {kind!r}; known: {', '.join(KINDS)}")
     return config
 
 
-KINDS = {"gpt-oss-20b": gpt_oss_plan, "deepseek-v4-flash": deepseek_v4_plan}
+KINDS = {"gpt-oss-20b": gpt_oss_plan, "deepseek-v4-flash": deepseek_v4_plan, "deepseek-v3.2": deepseek_v32_plan}
 
 
 def shards_of(plan: list[Tensor], shard_bytes: int | None = None) -> list[list[Tensor]]:
@@ -327,7 +401,7 @@ def write_checkpoint(kind: str, path: Path, device: str, layers: int | None = No
 def describe(kind: str, layers: int | None = None) -> str:
     config = config_for(kind, layers)
     plan = KINDS[kind](config)
-    per_layer = layer_bytes(plan, "model.layers." if kind == "gpt-oss-20b" else "layers.")
+    per_layer = layer_bytes(plan, "layers." if kind == "deepseek-v4-flash" else "model.layers.")
     total = sum(t.nbytes for t in plan)
     gib = 2**30
     lines = [f"{kind}: {config['num_hidden_layers']} layers, {len(plan)} tensors, {total / gib:.2f} GiB in "
@@ -345,7 +419,7 @@ def main() -> None:
     ap.add_argument("kind", choices=sorted(KINDS))
     ap.add_argument("path", type=Path, nargs="?")
     ap.add_argument("--layers", type=int, help="layers to write (default: gpt-oss-20b 24; deepseek-v4-flash: "
-                                               "as many as fit FIT_FRACTION of an H200)")
+                                               f"as many as fit FIT_FRACTION of an H200; deepseek-v3.2 {V32_LAYERS})")
     ap.add_argument("--plan", action="store_true", help="print the plan and write nothing")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()

@@ -2,6 +2,8 @@
 
     python bench/e2e.py --model /tmp/gpt-oss-20b --make          # writes the random checkpoint first if absent
     python bench/e2e.py --model /tmp/gpt-oss-20b --quick --no-transformers
+    python bench/e2e.py --model /tmp/dsv32 --make deepseek-v3.2 --no-transformers --modes async \
+        --ttft 8192 32768 131072 --long-decode 16                 # DeepSeek-V3.2 shapes at long context
 
 Measures (greedy, random prompt token ids, `ignore_eos`, prefix caching off, every shape run once
 before it is timed so that kernels are compiled and layer graphs captured):
@@ -10,7 +12,8 @@ before it is timed so that kernels are compiled and layer graphs captured):
       transformers: (generate(n2) - generate(n1)) / (n2 - n1) on the same prompts;
   prefill of 64 x 128-token prompts: from adding the requests to every first token;
       transformers: generate(max_new_tokens=1) over the [64, 128] batch;
-  TTFT of one long prompt (4K / 16K / 32K, chunked by max_num_batched_tokens).
+  TTFT of one long prompt (4K / 16K / 32K, chunked by max_num_batched_tokens), and with --long-decode N
+      the median of its next N decode steps (batch 1 at that context).
 Roofline (gpt-oss: `Shapes`; other families: `SpecShapes`, from dayzero's spec), measured in the same run: copy bandwidth (a 2 GiB device-to-device copy: bytes read +
 written / time) and the bf16 matmul rate (8192^3 on random data). A decode step reads every
 non-expert weight, lm_head, the experts its tokens route to (expected distinct experts of B tokens
@@ -66,7 +69,7 @@ class SpecShapes:
     """Bytes and FLOPs of any family from dayzero's spec of the checkpoint (dayzero.plan): every
     non-embedding weight in its stored format (the tied table counted as lm_head), each MoE layer's
     expected distinct routed experts of the batch, the KV cache entries of the context (a window's or a
-    compressor's bounded part once per sequence); prefill: 2 x active parameters per token (attention
+    compressor's bounded part once per sequence; DSA: every index key, the top-k latents); prefill: 2 x active parameters per token (attention
     scores not counted: under 1% at 128 tokens)."""
 
     def __init__(self, path: Path):
@@ -89,11 +92,16 @@ class SpecShapes:
         self.moe = [layer.mlp.experts for layer in spec.layers if layer.mlp.experts is not None]
         self.expert_bytes = [plan.expert_params(e) * bpp("routed_experts") for e in self.moe]
         self.active = plan.active_params(spec)
-        self.caches = [plan.layer_cache(layer.attention) for layer in spec.layers]
+        self.caches = [(plan.layer_cache(layer.attention), layer.attention.index_topk if layer.attention.kind == "dsa"
+                        else None) for layer in spec.layers]
 
     def decode_bytes(self, batch: int, context: int) -> float:
         experts = sum(e.num * (1 - (1 - e.top_k / e.num) ** batch) * b for e, b in zip(self.moe, self.expert_bytes))
-        kv = sum(c.per_token * context + c.fixed for c in self.caches)
+        kv = 0.0
+        for c, topk in self.caches:
+            kv += c.per_token * context + c.fixed
+            if topk is not None and context > topk:  # DSA reads every index key, but only top-k latents
+                kv -= (c.detail["kv_latent"] + c.detail["k_pe"]) * (context - topk)
         return self.dense_bytes + experts + batch * kv
 
     def prefill_flops(self, tokens_per_seq: int, seqs: int) -> float:
@@ -111,7 +119,7 @@ def dayzero_numbers(path: Path, args, vocab: int, mode: str, ttft: list[int]) ->
     longest = max(ttft, default=0)
     t0 = time.perf_counter()
     llm = LLM(path, device="cuda", dtype="bfloat16", max_num_seqs=64, max_num_batched_tokens=args.budget,
-              max_model_len=max(longest, 128) + 64, kv_cache_gib=args.kv_gib, enable_prefix_caching=False,
+              max_model_len=max(longest, 128) + 64 + args.long_decode, kv_cache_gib=args.kv_gib, enable_prefix_caching=False,
               cuda_graphs=mode != "eager", async_scheduling=mode == "async")
     engine = llm.engine
     out: dict = {"start_s": time.perf_counter() - t0}
@@ -151,7 +159,9 @@ def dayzero_numbers(path: Path, args, vocab: int, mode: str, ttft: list[int]) ->
         out[f"prefill_{batch}x128"] = prefill
     for length in ttft:
         run(_prompts(1, length, vocab, seed=7), 1)  # warm-up at the same length (kernels compiled)
-        out[f"ttft_{length}"] = run(_prompts(1, length, vocab, seed=length), 1)[0]
+        out[f"ttft_{length}"], steps = run(_prompts(1, length, vocab, seed=length), 1 + args.long_decode)
+        if steps:
+            out[f"decode_at_{length}"] = statistics.median(steps)
     tokens = _prompts(1, 128, vocab, seed=1)[0]
     out["greedy_tokens"] = llm.generate([tokens], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
     out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -193,11 +203,14 @@ def transformers_numbers(path: Path, args, vocab: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--make", action="store_true", help="write the random gpt-oss-20b checkpoint there if absent")
+    ap.add_argument("--make", nargs="?", const="gpt-oss-20b", metavar="KIND",
+                    help="write the random checkpoint KIND (bench/checkpoints.py; default gpt-oss-20b) there if absent")
     ap.add_argument("--quick", action="store_true", help="fewer decode steps, TTFT at 4K unless --ttft says")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--ttft", type=int, nargs="*", default=None, help="prompt lengths (default 4K 16K 32K; --quick: 4K)")
+    ap.add_argument("--long-decode", type=int, default=0, metavar="N",
+                    help="after each TTFT prompt, time N decode steps at that context (batch 1)")
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)")
     ap.add_argument("--kv-gib", type=float, default=16.0)
     ap.add_argument("--modes", nargs="+", choices=["graphs", "eager", "async"], default=["graphs", "eager"],
@@ -213,7 +226,7 @@ def main() -> None:
         from bench.checkpoints import write_checkpoint
 
         t0 = time.perf_counter()
-        write_checkpoint("gpt-oss-20b", args.model, "cuda")
+        write_checkpoint(args.make, args.model, "cuda")
         print(f"wrote {args.model} in {time.perf_counter() - t0:.0f} s", flush=True)
     config = json.loads((args.model / "config.json").read_text())
     shapes = Shapes(config) if config.get("model_type") == "gpt_oss" else SpecShapes(args.model)
@@ -232,8 +245,9 @@ def main() -> None:
             "prefill_64x128": shapes.prefill_flops(128, 64) / flops, "prefill_1x128": shapes.prefill_flops(128, 1) / flops}
     for length in args.ttft:
         roof[f"ttft_{length}"] = shapes.prefill_flops(length, 1) / flops
+        roof[f"decode_at_{length}"] = shapes.decode_bytes(1, length) / copy
     rows = [k for k in ("decode_b1", "decode_b64", "prefill_1x128", "prefill_64x128") if k in ours]
-    rows += [f"ttft_{n}" for n in args.ttft]
+    rows += [f"ttft_{n}" for n in args.ttft] + [f"decode_at_{n}" for n in args.ttft if f"decode_at_{n}" in ours]
     print(f"\n{'what':16} {'mode':7} {'dayzero':>10} {'transformers':>13} {'roofline':>10} {'roof/ours':>10} {'hf/ours':>8}")
     for k in rows:
         hf = theirs.get(k)

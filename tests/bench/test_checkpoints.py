@@ -24,6 +24,11 @@ SMALL_V4 = dict(vocab_size=256, hidden_size=128, num_attention_heads=4, head_dim
                 n_routed_experts=8, moe_intermediate_size=64, num_experts_per_tok=2, sliding_window=16)
 SMALL_GPT_OSS = dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_attention_heads=4,
                      num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8)
+SMALL_V32 = dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
+                 num_attention_heads=4, num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
+                 qk_rope_head_dim=32, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                 index_n_heads=4, index_head_dim=32, index_topk=8, first_k_dense_replace=1,
+                 max_position_embeddings=256)
 CODE_BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "I64": 8}
 
 
@@ -71,7 +76,30 @@ def test_the_default_layer_count_is_the_most_that_fits():
     assert 24 <= n <= 28  # 3.3 GiB a layer within 65% of 139 GiB
 
 
-@pytest.mark.parametrize("kind,layers", [("deepseek-v4-flash", None), ("deepseek-v4-flash", 43), ("gpt-oss-20b", None)])
+def test_the_v32_config_is_the_published_one_and_its_plan_the_release_layout(tmp_path):
+    """The published config (no MTP layer); the plan at test size names, types and shapes every tensor as
+    the model tests' real-layout V3.2 checkpoint does (tests/models/deepseek_checkpoints.py)."""
+    from dayzero.weights import Checkpoint
+    from tests.models.deepseek_checkpoints import build_deepseek_v32_checkpoint
+
+    ours, theirs = ck.config_for("deepseek-v3.2"), published("deepseek-v3.2")
+    assert {k: v for k, v in ours.items() if k not in theirs} == {"torch_dtype": "bfloat16", "eos_token_id": 1,
+                                                                 "bos_token_id": 0}
+    assert {k for k in theirs if ours[k] != theirs[k]} == {"num_hidden_layers", "num_nextn_predict_layers"}
+    assert ours["num_hidden_layers"] == ck.V32_LAYERS and ours["num_nextn_predict_layers"] == 0
+    tiny = build_deepseek_v32_checkpoint(tmp_path, mtp=False)
+    dims = {k: v for k, v in json.loads((tiny / "config.json").read_text()).items() if isinstance(v, int)}
+    plan = ck.deepseek_v32_plan(ck.config_for("deepseek-v3.2", dims["num_hidden_layers"], **dims))
+    release = Checkpoint.open(tiny).tensors
+    assert {t.name: (ck.CODES[t.dtype], t.shape) for t in plan} == {
+        name: (t.dtype, tuple(t.torch_shape)) for name, t in release.items()}
+    per_layer = ck.layer_bytes(ck.deepseek_v32_plan(ours), "model.layers.")
+    experts = 257 * 3 * 2048 * 7168  # FP8: a byte a value (256 routed + 1 shared), 128 x 128 scales aside
+    assert experts < per_layer[3] < experts + 0.2 * 2**30 and all(size < 0.6 * 2**30 for size in per_layer[:3])
+
+
+@pytest.mark.parametrize("kind,layers", [("deepseek-v4-flash", None), ("deepseek-v4-flash", 43), ("gpt-oss-20b", None),
+                                         ("deepseek-v3.2", None), ("deepseek-v3.2", 61)])
 def test_the_config_reads_through_spec_and_inspect(tmp_path, kind, layers):
     config = ck.config_for(kind, layers)
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -90,7 +118,8 @@ def test_the_config_reads_through_spec_and_inspect(tmp_path, kind, layers):
     assert report["memory"]["weights_gib"] == pytest.approx(planned / 2**30, rel=0.01)
 
 
-@pytest.mark.parametrize("kind,small,layers", [("deepseek-v4-flash", SMALL_V4, 4), ("gpt-oss-20b", SMALL_GPT_OSS, 2)])
+@pytest.mark.parametrize("kind,small,layers", [("deepseek-v4-flash", SMALL_V4, 4), ("gpt-oss-20b", SMALL_GPT_OSS, 2),
+                                               ("deepseek-v3.2", SMALL_V32, 3)])
 def test_a_written_checkpoint_is_the_plan_and_loads(tmp_path, monkeypatch, kind, small, layers):
     monkeypatch.setattr(ck, "SHARD_BYTES", 64 << 10)  # several shards even at this size
     path = ck.write_checkpoint(kind, tmp_path, "cpu", layers, **small)
@@ -125,3 +154,5 @@ def test_a_written_checkpoint_is_the_plan_and_loads(tmp_path, monkeypatch, kind,
 def test_layers_outside_the_schedule_are_refused():
     with pytest.raises(SystemExit, match=r"--layers must be in \[1, 43\]"):
         ck.config_for("deepseek-v4-flash", 44)
+    with pytest.raises(SystemExit, match=r"--layers must be in \[1, 61\]"):
+        ck.config_for("deepseek-v3.2", 62)
