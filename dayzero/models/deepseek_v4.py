@@ -21,9 +21,11 @@ unfinished window's projected tokens, position % ratio of them valid) and for CS
 exists), per sequence.
 
 The packed step runs attention on [B, T] blocks (`_GroupCache`): consecutive sequences that compute
-the same number of tokens from the same position (prefill chunks), or one token each and complete
-compressed windows of the same ratios (decodes), and are all fresh or all not. The window keys and
-compressed entries a block reads are gathered per sequence (these ops have no paged kernels yet).
+the same number of tokens from the same position (prefill chunks), or one token each (decodes, in
+whatever phase of their compression windows: each row compresses a candidate entry, visible and
+written only where its window completes), and are all fresh or all not. The window keys and
+compressed entries a block reads are gathered for its rows at once (`PagedStream.gather_rows`; these
+ops have no paged kernels yet).
 """
 
 from __future__ import annotations
@@ -195,24 +197,24 @@ class Compressor(nn.Module):
         return state.append(key + "entries", new, rate=self.ratio)
 
     def _one_token(self, kv, gate, pending_kv, pending_gate, prev, starts, rope):
-        """One token per row at positions `starts` [B]: it joins its row's pending window; rows whose
-        window it completes (all rows or none: the runner groups them so) compress it."""
+        """One token per row at positions `starts` [B]: it joins its row's pending window, and every row
+        compresses its window as it stands into a candidate entry [B, 1, dim]. Where the token completes
+        the window the candidate is the row's next entry (its window state restarts, and for CSA the
+        window becomes prev); elsewhere it is finite, not yet visible to the row's query ((p + 1) //
+        ratio entries are), and not written (`_BlockView.append`). No row is ever split off by phase."""
         b = kv.shape[0]
         rows = torch.arange(b, device=kv.device)
         slot = starts % self.ratio
         pending_kv, pending_gate = pending_kv.clone(), pending_gate.clone()
         pending_kv[rows, slot], pending_gate[rows, slot] = kv[:, 0], gate[:, 0]
-        completes = slot == self.ratio - 1
-        if not bool(completes.any()):
-            return kv.new_zeros((b, 0, self.dim)), pending_kv, pending_gate, prev
-        if not bool(completes.all()):
-            raise ValueError("Compressor: the rows of one call complete their windows at different steps")
+        completes = (slot == self.ratio - 1).view(b, 1, 1)
         new = ops.kv_compressor(pending_kv, pending_gate, self.ape, self.norm.weight, self.eps, self.overlap,
                                 *(prev or (None, None)))
         cos, sin = rope.cos_sin(starts // self.ratio * self.ratio)
         new = rope_tail(new, cos[:, None], sin[:, None])
-        prev = (pending_kv, pending_gate) if self.overlap else None
-        return new, torch.zeros_like(pending_kv), torch.zeros_like(pending_gate), prev
+        if self.overlap:
+            prev = (torch.where(completes, pending_kv, prev[0]), torch.where(completes, pending_gate, prev[1]))
+        return new, pending_kv.masked_fill(completes, 0), pending_gate.masked_fill(completes, 0), prev
 
 
 def _padded(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -474,20 +476,6 @@ class DeepseekV4ForCausalLM(CausalLM):
         return self.head(self.norm(x)).float()
 
 
-def _right_aligned(rows: list[torch.Tensor], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """rows [n_b, *entry] -> ([B, max n, *entry] right-aligned, each row padded on the left with its
-    first entry so that padding is finite; int64 lens [B], or None when no row is padded)."""
-    width = max(r.shape[0] for r in rows)
-    if width == 0:
-        return like.new_zeros((len(rows), 0, *like.shape[2:])), None
-    padded = [r if r.shape[0] == width else torch.cat([r[:1].expand(width - r.shape[0], *r.shape[1:]) if r.shape[0]
-                                                       else r.new_zeros((width, *r.shape[1:])), r]) for r in rows]
-    lens = [r.shape[0] for r in rows]
-    if all(n == width for n in lens):
-        return torch.stack(padded), None
-    return torch.stack(padded), torch.tensor(lens, device=like.device)
-
-
 class _GroupCache:
     """A layer's paged view seen as [B, T] blocks of sequences (module docstring): `groups()` yields
     (token rows, (B, T), view) per block; a view's `append(name, new [B, n, *entry])` returns the
@@ -504,11 +492,7 @@ class _GroupCache:
     def groups(self):
         seqs = self.seqs
         fresh = (True,) * seqs.num_seqs if self.probing else self.cache.meta.fresh
-        rates = (self.ratio,) if (self.ratio or 0) > 1 else ()
-        keys = []
-        for b, (ctx, t) in enumerate(zip(seqs.context_lens, seqs.query_lens)):
-            done = tuple((ctx + t) // r - ctx // r for r in rates)
-            keys.append((t, ctx if t > 1 else done, fresh[b]))
+        keys = [(t, ctx if t > 1 else None, fresh[b]) for b, (ctx, t) in enumerate(zip(seqs.context_lens, seqs.query_lens))]
         first = 0
         for b in range(1, seqs.num_seqs + 1):
             if b == seqs.num_seqs or keys[b] != keys[first]:
@@ -529,18 +513,23 @@ class _BlockView:
         self._lens: dict[str, torch.Tensor | None] = {}
 
     def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
+        seqs = self.owner.seqs
+        ctxs = seqs.context_lens[self.first:self.end]
+        written = new
+        if rate > 1 and seqs.query_lens[self.first] == 1:  # decodes: each row's candidate entry, kept by the
+            keep = [i for i, ctx in enumerate(ctxs) if (ctx + 1) % rate == 0]  # rows whose window completes
+            written = new if len(keep) == len(ctxs) else new[keep]
         if self.owner.probing:
-            self.owner.cache.append(name, new.flatten(0, 1), window, rate)
+            self.owner.cache.append(name, written.flatten(0, 1), window, rate)
             return new
-        self.owner.new.setdefault(name, []).append(new)
-        stream, seqs = self.owner.cache.stream(name), self.owner.seqs
-        rows = []
-        for i, b in enumerate(range(self.first, self.end)):
-            ctx = seqs.context_lens[b]
-            lo = 0 if window is None else max(0, ctx - (window - 1)) // rate
-            rows.append(torch.cat([stream.gather(b, lo, ctx // rate).to(new.dtype), new[i]]))
-        entries, self._lens[name] = _right_aligned(rows, new)
-        return entries
+        self.owner.new.setdefault(name, []).append(written)
+        stream = self.owner.cache.stream(name)
+        lo = [0 if window is None else max(0, ctx - (window - 1)) // rate for ctx in ctxs]
+        hi = [ctx // rate for ctx in ctxs]
+        past = stream.gather_rows(list(range(self.first, self.end)), lo, hi).to(new.dtype)
+        lens = [h - l + new.shape[1] for l, h in zip(lo, hi)]  # noqa: E741
+        self._lens[name] = None if len(set(lens)) == 1 else torch.tensor(lens, device=new.device)
+        return torch.cat([past, new], dim=1)  # right-aligned: every row ends with this step's entries
 
     def lens(self, name: str) -> torch.Tensor | None:
         return self._lens.get(name)

@@ -132,6 +132,23 @@ class PagedStream:
         entries = torch.arange(lo, hi, device=self.data.device)
         return self.read(*self.locations(seq, entries))
 
+    def gather_rows(self, seqs: list[int], lo: list[int], hi: list[int]) -> torch.Tensor:
+        """Entries lo[i] ... hi[i] - 1 of sequence seqs[i] for every i, right-aligned in one
+        [len(seqs), max(hi - lo), *entry] tensor of read_dtype (a shorter row's first columns are zeros):
+        one gather for the rows, where `gather` takes one per row."""
+        counts = [h - l for l, h in zip(lo, hi)]
+        width, device = max(counts, default=0), self.data.device
+        if width == 0:
+            return torch.zeros((len(seqs), 0, *self.entry_shape), dtype=self.read_dtype, device=device)
+        seq, first, n = torch.tensor([seqs, lo, counts], dtype=torch.long).to(device, non_blocking=True)
+        shift = torch.arange(width, device=device)[None, :] - (width - n)[:, None]  # < 0: the row's padding
+        valid = shift >= 0
+        tokens = torch.where(valid, first[:, None] + shift, 0) * self.rate
+        pages = self.block_table[seq[:, None], tokens // self.block_size].long()
+        offsets = (tokens % self.block_size) // self.rate if self.per_block > 1 else torch.zeros_like(tokens)
+        values = self.read(pages, offsets)  # padding read entry 0 (or any page): zeroed, so always finite
+        return values.masked_fill(~valid.view(*valid.shape, *(1,) * len(self.entry_shape)), 0)
+
     def gather_at(self, seq: int, entries: torch.Tensor) -> torch.Tensor:
         """The entries at numbers entries [...] (long, >= 0) of sequence `seq`: [..., *entry]."""
         pages, offsets = self.locations(seq, entries.reshape(-1))

@@ -179,3 +179,30 @@ def test_demo_checkpoint_matches_transformers():
 ])
 def test_unsupported_options_are_refused_by_inspect_and_loader(tmp_path, field, value):
     assert_refused(tmp_path, tiny_v4_config(**{field: value}), field)
+
+
+def test_a_decode_step_runs_every_sequence_in_one_block_whatever_its_window_phase(checkpoint):
+    """Sequences at every position modulo the CSA ratio (and one completing an HCA window) decode in one
+    block: each compressor runs once per step (not once per phase), and the batch's tokens equal each
+    prompt's alone."""
+    from dayzero import LLM, SamplingParams
+    from dayzero.ops.registry import REGISTRY
+
+    llm = LLM(checkpoint, dtype="float32")
+    prompts = [prompt(n, seed=n)[0].tolist() for n in (29, 30, 31, 32, 127)]  # 127 + 1: an HCA entry completes
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", *engine.validate(p, params))
+    calls, tokens = [], {f"r{i}": [] for i in range(len(prompts))}
+    while engine.has_unfinished():
+        with REGISTRY.record_calls() as step_calls:
+            for update in engine.step():
+                tokens[update.request_id] += update.new_token_ids
+        calls.append(dict(step_calls))
+    compressors = sum(2 if r == 4 else 1 for r in TINY_V4["compress_ratios"] if r)  # CSA: attention + indexer
+    decodes = [c for c in calls if c.get("sparse_attention") == len(TINY_V4["compress_ratios"])]
+    assert len(decodes) >= 4 and all(c["kv_compressor"] == compressors for c in decodes), calls
+    batched = [tokens[f"r{i}"] for i in range(len(prompts))]
+    alone = [o.token_ids for p in prompts for o in llm.generate([p], params)]
+    assert batched == alone

@@ -95,3 +95,25 @@ def test_long_prompt_reference_is_chunked():
     finally:
         mod.query_chunks = orig
     torch.testing.assert_close(got, gqa_attention(q[None], keys[0][None], values[0][None], 0.5)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_gather_rows_is_every_rows_gather_right_aligned(seed):
+    """PagedStream.gather_rows: each row's entries lo .. hi - 1 (as `gather` reads them), right-aligned,
+    the shorter rows' first columns zero, over pages in random order whose unowned slots hold NaN."""
+
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    rate, fp8 = rng.choice((1, 4)), rng.random() < 0.4
+    counts = [rng.randint(0, 30) for _ in range(rng.randint(1, 5))]
+    stream = paged_stream([torch.randn(n, 2, 128 if fp8 else 24, generator=g) for n in counts], rng.choice((8, 16)),
+                          generator=g, rate=rate, fp8=fp8)
+    rows = rng.sample(range(len(counts)), rng.randint(1, len(counts)))
+    lo = [rng.randint(0, counts[b]) for b in rows]
+    hi = [rng.randint(a, counts[b]) for a, b in zip(lo, rows)]
+    got = stream.gather_rows(rows, lo, hi)
+    width = max(h - a for a, h in zip(lo, hi))
+    assert got.shape == (len(rows), width, *stream.entry_shape) and torch.isfinite(got).all()
+    for i, (b, a, h) in enumerate(zip(rows, lo, hi)):
+        assert torch.equal(got[i, width - (h - a):], stream.gather(b, a, h))
+        assert (got[i, :width - (h - a)] == 0).all()
