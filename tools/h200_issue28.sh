@@ -1,18 +1,35 @@
 #!/usr/bin/env bash
-# One device call for issue 28's kernels (DSA indexer + sparse MLA, KDA via fla-core) and the long-prompt
-# TTFT: the GPU tests, bench/dsa.py, bench/attention.py's prefill rows and a 128K TTFT on the
-# gpt-oss-20b-shaped checkpoint; logs land in $OUT. Carry the wheels of tools/device_wheels.sh:
-#   bash tools/device_wheels.sh    (here, once), then run(command="bash tools/h200_issue28.sh", carry=[".whl"])
+# Device calls for issue 28 (DSA, V4, KDA on the H200); every log lands in $OUT. Carry the wheels of
+# tools/device_wheels.sh (fla-core, einops):
+#   bash tools/device_wheels.sh    (here, once), then run(command="PART=tests bash tools/h200_issue28.sh", carry=[".whl"])
+# PART (one per call, each within a call's 600 s):
+#   tests  the GPU tests of the issue's kernels and graphs (hyper-connections, DSA, sparse MLA, KDA via fla,
+#          graph replays against eager steps, the engine's bf16 kernels), then bench/dsa.py and bench/kda.py
+#   v32    the DeepSeek-V3.2-shaped checkpoint (4 layers, 15.9 GiB) and bench/e2e.py at 8K / 32K / 128K
+#          prompts: TTFT and 16 decode steps at each context, graphs + async and eager
+#   v4     the DeepSeek-V4-Flash-shaped checkpoint (8 layers) and bench/e2e.py eagerly (V4 runs no graphs)
 set -u
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-python bench/checkpoints.py gpt-oss-20b /tmp/gpt-oss-20b > $OUT/ckpt.log 2>&1 & CK=$!
-timeout ${T_TESTS:-240} python -m pytest -q tests/kernels/test_dsa_index.py tests/kernels/test_attention_mla.py \
-  tests/kernels/test_kda_fla.py tests/engine/test_cuda.py -rs > $OUT/tests.log 2>&1
-grep -E "^FAILED|^SKIPPED|passed|failed" $OUT/tests.log | tail -12
-timeout ${T_DSA:-150} python bench/dsa.py --quick > $OUT/dsa.log 2>&1; tail -12 $OUT/dsa.log
-wait $CK
-timeout ${T_E2E:-120} python bench/e2e.py --model /tmp/gpt-oss-20b --quick --no-transformers --modes async \
-  --ttft 16384 131008 > $OUT/e2e.log 2>&1; tail -8 $OUT/e2e.log
+export PYTHONPATH=${PYTHONPATH:-}:.
+case "${PART:-tests}" in
+  tests)
+    timeout ${T_TESTS:-330} python -m pytest -q tests/kernels/test_hc.py tests/kernels/test_dsa_index.py \
+      tests/kernels/test_attention_mla.py tests/kernels/test_kda_fla.py tests/engine/test_graphs.py \
+      tests/engine/test_cuda.py -rs > $OUT/tests.log 2>&1
+    grep -E "^FAILED|^SKIPPED|passed|failed" $OUT/tests.log | tail -12
+    timeout ${T_DSA:-60} python bench/dsa.py --quick > $OUT/dsa.log 2>&1; tail -8 $OUT/dsa.log
+    timeout ${T_KDA:-170} python bench/kda.py --quick > $OUT/kda.log 2>&1; tail -12 $OUT/kda.log ;;
+  v32)
+    timeout ${T_E2E:-560} python bench/e2e.py --model /tmp/dsv32 --make deepseek-v3.2 --no-transformers \
+      --modes async eager --ttft 8192 32768 131072 --long-decode 16 --kv-gib 24 > $OUT/e2e_v32.log 2>&1
+    tail -16 $OUT/e2e_v32.log ;;
+  v4)
+    [ -f /tmp/dsv4/config.json ] || python bench/checkpoints.py deepseek-v4-flash /tmp/dsv4 --layers 8 > $OUT/ckpt_v4.log 2>&1
+    timeout ${T_E2E:-400} python bench/e2e.py --model /tmp/dsv4 --quick --no-transformers --modes eager \
+      --ttft 8192 --long-decode 16 > $OUT/e2e_v4.log 2>&1
+    tail -12 $OUT/e2e_v4.log ;;
+  *) echo "PART must be tests, v32 or v4, got ${PART}" ;;
+esac

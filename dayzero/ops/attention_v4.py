@@ -16,6 +16,8 @@ Ops, in call order:
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dayzero.ops.attention_gqa import padding_mask
@@ -164,6 +166,18 @@ def _check_attention(q, kv, sinks, compressed, indices, positions, ratio) -> Non
         raise ValueError("sparse_attention: without indices, positions [B, T] and ratio are needed to mask future entries")
 
 
+SCORE_ELEMENTS = 1 << 25  # float32 scores a chunk of queries may hold (128 MiB), as ops.paged.query_chunks
+
+
+def attention_chunk(queries: int, keys: int, rows: int, budget: int | None = None) -> int:
+    """Queries per chunk of `sparse_attention` so that rows x chunk x (chunk + keys) scores stay within
+    budget (SCORE_ELEMENTS): a chunk of c queries reads c - 1 + sliding_window window keys plus `keys`
+    - (sliding_window - 1) others (the compressed entries or the chosen ones)."""
+    limit = (budget or SCORE_ELEMENTS) // max(1, rows)
+    c = int((math.sqrt(keys * keys + 4 * limit) - keys) / 2)
+    return max(1, min(queries, c))
+
+
 @reference_op("sparse_attention")
 def sparse_attention(
     q: torch.Tensor,
@@ -189,10 +203,31 @@ def sparse_attention(
     kv_lens / compressed_lens: optional int [B] for a batch of rows of different lengths (a paged
     decode step): each row's window keys / compressed entries are its last kv_lens[b] /
     compressed_lens[b] (right-aligned); the ones before are padding and never seen.
-    Scores q.k * scale, softmax and the weighted sum of values (= keys) run in float32.
-    Returns [B, T, H, D] in q.dtype.
+    Scores q.k * scale, softmax and the weighted sum of values (= keys) run in float32, for chunks of
+    queries (`attention_chunk`: the scores of a long prefill chunk stay bounded), each over the window
+    keys its queries can see. Returns [B, T, H, D] in q.dtype.
     """
     _check_attention(q, kv, sinks, compressed, indices, positions, ratio)
+    b, t, h, _ = q.shape
+    s = kv.shape[1]
+    others = 0 if compressed is None else (indices.shape[-1] if indices is not None else compressed.shape[1])
+    chunk = attention_chunk(t, sliding_window + others, b * h)
+    if chunk >= t:
+        return _attend(q, kv, sinks, scale, sliding_window, compressed, indices, positions, ratio, kv_lens,
+                       compressed_lens)
+    outs = []
+    for c0 in range(0, t, chunk):
+        c1 = min(t, c0 + chunk)
+        k0, k1 = max(0, s - t + c0 - (sliding_window - 1)), s - t + c1  # every key these queries may see
+        lens = None if kv_lens is None else (k1 - torch.clamp(s - kv_lens, min=k0)).clamp(min=0)
+        outs.append(_attend(q[:, c0:c1], kv[:, k0:k1], sinks, scale, sliding_window, compressed,
+                            None if indices is None else indices[:, c0:c1],
+                            None if positions is None else positions[:, c0:c1], ratio, lens, compressed_lens))
+    return torch.cat(outs, dim=1)
+
+
+def _attend(q, kv, sinks, scale, sliding_window, compressed, indices, positions, ratio, kv_lens, compressed_lens):
+    """`sparse_attention` of all of q's queries at once (the op checked the arguments)."""
     b, t, h, _ = q.shape
     s = kv.shape[1]
     qf = q.float()

@@ -206,3 +206,21 @@ def test_a_decode_step_runs_every_sequence_in_one_block_whatever_its_window_phas
     batched = [tokens[f"r{i}"] for i in range(len(prompts))]
     alone = [o.token_ids for p in prompts for o in llm.generate([p], params)]
     assert batched == alone
+
+
+def test_a_prompt_in_query_chunks_gives_the_one_pass_logits(models, monkeypatch):
+    """Budgets that cut a 200-token prompt's indexer scores and attention into chunks of a few queries
+    (what bounds their memory at long context) leave the logits as one pass gives them."""
+    import dayzero.models.deepseek_v4 as v4
+    from dayzero.ops import attention_v4
+
+    ours, _ = models
+    ids = prompt(200, seed=3)
+    with torch.no_grad():
+        whole = ours(ids, positions(ids))
+    monkeypatch.setattr(v4, "query_chunks", lambda queries, keys, heads: 7)
+    monkeypatch.setattr(attention_v4, "SCORE_ELEMENTS", 4096)
+    assert attention_v4.attention_chunk(200, TINY_V4["sliding_window"], TINY_V4["num_attention_heads"]) < 30
+    with torch.no_grad():
+        chunked = ours(ids, positions(ids))
+    assert rel_err(chunked, whole) <= 1e-6

@@ -185,3 +185,35 @@ def test_sparse_attention_errors():
         sparse_attention(q, kv, sinks, 1.0, 4, torch.randn(1, 2, 8))
     with pytest.raises(ValueError, match="point past"):
         sparse_attention(q, kv, sinks, 1.0, 4, torch.randn(1, 2, 8), torch.full((1, 4, 1), 2))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sparse_attention_in_query_chunks_equals_one_pass(seed, monkeypatch):
+    """A budget that forces chunks of a few queries (each over the window keys it can see) gives the
+    one-pass result: window only, HCA and CSA, rows of different lengths (kv_lens / compressed_lens)."""
+    import random
+
+    from dayzero.ops import attention_v4
+
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    b, t, h, d = rng.randint(1, 3), rng.randint(5, 40), rng.choice((1, 3)), 16
+    window, ratio, past = rng.choice((1, 4, 9)), rng.choice((2, 4)), rng.choice((0, 3, 20))
+    mode = rng.choice(("window", "hca", "csa"))
+    s = past + t
+    q, kv, sinks = randn(b, t, h, d, gen=gen), randn(b, s, d, gen=gen), randn(h, gen=gen)
+    positions = torch.arange(past, s).repeat(b, 1)
+    kv_lens = torch.tensor([s - rng.randint(0, past) for _ in range(b)]) if past and b > 1 else None
+    n = s // ratio
+    compressed = randn(b, n, d, gen=gen) if mode != "window" else None
+    indices = None
+    if mode == "csa":
+        limit = (positions + 1) // ratio
+        scores = torch.rand(b, t, n, generator=gen).masked_fill(torch.arange(n) >= limit.unsqueeze(-1), float("-inf"))
+        indices = v4_topk_select(scores, rng.choice((1, 3, 8)))
+    args = (q, kv, sinks, d**-0.5, window, compressed, indices, positions, ratio, kv_lens)
+    whole = sparse_attention(*args)
+    chunk = rng.choice((1, 2, 3))
+    monkeypatch.setattr(attention_v4, "SCORE_ELEMENTS", b * h * chunk * (chunk + window + 8 + n))
+    assert attention_v4.attention_chunk(t, window + (0 if compressed is None else n), b * h) < t
+    torch.testing.assert_close(sparse_attention(*args), whole, rtol=1e-6, atol=1e-6)
