@@ -7,15 +7,22 @@ import torch
 from dayzero.engine import SamplingParams
 from dayzero.engine.llm import LLM
 from tests.engine.test_llm import FAMILIES, _assert_pool_free, _prompts
+from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("name", sorted(FAMILIES))
+# every family, Kimi K3 too (KDA chunk 64, as Kimi Linear's lengths)
+WITH_K3 = {**FAMILIES, "kimi_k3": (build_kimi_k3_checkpoint, FAMILIES["kimi_linear"][1])}
+
+
+@pytest.mark.parametrize("name", sorted(WITH_K3))
 def test_engine_on_cuda_gives_the_cpu_engines_tokens(name, tmp_path):
-    builder, lengths = FAMILIES[name]
+    """Prompts past each family's thresholds (index_topk, windows, compression ratios, the KDA chunk), then a
+    second turn reusing the cached prefix (and the saved KDA / compressor state)."""
+    builder, lengths = WITH_K3[name]
     path = builder(tmp_path)
     cpu, gpu = LLM(path, dtype="float32"), LLM(path, dtype="float32", device="cuda")
     prompts = _prompts(cpu.vocab_size, lengths[::2])
