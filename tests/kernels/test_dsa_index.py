@@ -133,3 +133,57 @@ def test_a_decode_step_with_a_graphs_host_lengths_selects_the_same_keys(seed):
     wide = SeqBatch(seqs.query_start, seqs.seq_lens, seqs.query_start_host, (256,) * len(seq_lens))
     for k in (5, 64):
         assert torch.equal(paged_index_topk(q, w, index_k, scale, k, wide), paged_index_topk(q, w, index_k, scale, k, seqs))
+
+
+def _order_keys(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """The scores kernel's keys (dayzero/kernels/dsa/_index.py), built with torch ops."""
+    bits = scores.masked_fill(scores == 0, 0.0).contiguous().view(torch.int32).to(torch.int64)
+    sortable = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    keys = (sortable << 32) | (0x7FFFFFFF - torch.arange(scores.shape[-1], device=scores.device))
+    return keys.masked_fill(~visible, -2**63)
+
+
+def _radix_case(seed, device="cpu", rows=None, width=None):
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    r, w = rows or rng.randint(1, 4), width or rng.choice((1, 63, 1000, 4096, 5000, 9001))
+    scores = torch.randn(r, w, generator=g)
+    if rng.random() < 0.5:
+        scores = scores.relu() * rng.choice((1.0, 1e-30))  # half the keys tie at 0 (and tiny denormal-range scores)
+    scores[:, rng.randrange(w)::max(1, rng.randrange(1, 9))] *= -1
+    visible = torch.arange(w)[None, :] < torch.randint(1, w + 1, (r, 1), generator=g)
+    k = rng.choice((1, 5, 100, 2048))
+    return _order_keys(scores, visible).to(device), k
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(8))
+def test_radix_select_gives_torch_topk_values(seed):
+    """The radix select's keys equal torch.topk's, in order, with exact score ties, rows with fewer visible
+    keys than k, and rows of several segments."""
+    from dayzero.kernels.dsa._topk import topk_keys
+
+    keys, k = _radix_case(seed)
+    assert torch.equal(topk_keys(keys, k), torch.topk(keys, min(k, keys.shape[1]), dim=1).values)
+
+
+@interpreter
+def test_the_radix_variant_selects_as_the_default():
+    from dayzero import settings
+    from dayzero.kernels.dsa._index import paged_index_topk
+
+    query_lens, seq_lens = [1, 3, 1], [70, 40, 130]
+    args = _step(3, query_lens, seq_lens, 4, 16, block=16)
+    for k in (5, 64):
+        want = paged_index_topk(*args[:4], k, args[4])
+        with settings.override(variants={"paged_index_topk": "radix"}):
+            assert torch.equal(paged_index_topk(*args[:4], k, args[4]), want)
+
+
+@cuda
+@pytest.mark.parametrize("rows, width", [(1, 131072), (16, 131072), (3, 5000)])
+def test_radix_select_on_cuda(rows, width):
+    from dayzero.kernels.dsa._topk import topk_keys
+
+    keys, _ = _radix_case(rows + width, "cuda", rows, width)
+    assert torch.equal(topk_keys(keys, 2048), torch.topk(keys, min(2048, width), dim=1).values)
