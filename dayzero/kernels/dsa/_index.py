@@ -95,6 +95,10 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
     fp8 = index_k.scales is not None
     chunk = max(1, SCORE_BYTES // (8 * width))
     keys = torch.empty((min(chunk, n), width), dtype=torch.int64, device=q.device)
+    if radix:  # each row's visible keys: positions 0 .. its own (the radix select reads no further)
+        rows = torch.arange(n, device=q.device)
+        b = row_seq.long()
+        lengths = (seqs.seq_lens[b] - (seqs.query_start[b + 1] - rows) + 1).to(torch.int32)
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
         part = keys[:r1 - r0]
@@ -105,7 +109,7 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), FP8=fp8,
             F32=fp8 or q.dtype == torch.float32 or not q.is_cuda)  # the interpreter cannot multiply bf16
         if radix:
-            top = topk_keys(part, k)
+            top = topk_keys(part, k, lengths[r0:r1])
         else:
             top = torch.topk(part, min(k, width), dim=1, sorted=True).values  # distinct keys: exact order
         idx = (LOW - (top & 0xFFFFFFFF)).to(torch.int32)

@@ -36,17 +36,26 @@ def _u(key):
 
 
 @triton.jit
-def _hist_kernel(keys_ptr, stride_r, W, prefix_ptr, need_ptr, hist_ptr, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                 BLOCK: tl.constexpr, TILES: tl.constexpr):
+def _width(len_ptr, r, W, HAS_LEN: tl.constexpr):
+    """The columns of row r that may hold visible keys: all W, or the row's length (the rest unread)."""
+    if HAS_LEN:
+        return tl.minimum(tl.load(len_ptr + r), W)
+    return W
+
+
+@triton.jit
+def _hist_kernel(keys_ptr, stride_r, W, len_ptr, prefix_ptr, need_ptr, hist_ptr, SHIFT: tl.constexpr,
+                 BITS: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr, HAS_LEN: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
+    width = _width(len_ptr, r, W, HAS_LEN)
     NB: tl.constexpr = 1 << BITS
     prefix = tl.load(prefix_ptr + r)
     live = tl.load(need_ptr + r) > 0  # a row taking all its visible keys is decided
     counts = tl.zeros([NB], dtype=tl.int32)
     for i in tl.static_range(TILES):
         cols = (seg * TILES + i) * BLOCK + tl.arange(0, BLOCK)
-        key = tl.load(keys_ptr + r * stride_r + cols, mask=cols < W, other=KEY_MIN)
+        key = tl.load(keys_ptr + r * stride_r + cols, mask=cols < width, other=KEY_MIN)
         u = _u(key)
         ok = (u > 0) & ((u >> (SHIFT + BITS)) == prefix) & live
         counts += tl.histogram(((u >> SHIFT) & (NB - 1)).to(tl.int32), NB, mask=ok)
@@ -78,23 +87,26 @@ def _walk_kernel(hist_ptr, prefix_ptr, need_ptr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _count_kernel(keys_ptr, stride_r, W, prefix_ptr, eq_ptr, SEGS, BLOCK: tl.constexpr, TILES: tl.constexpr):
+def _count_kernel(keys_ptr, stride_r, W, len_ptr, prefix_ptr, eq_ptr, SEGS, BLOCK: tl.constexpr,
+                  TILES: tl.constexpr, HAS_LEN: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
+    width = _width(len_ptr, r, W, HAS_LEN)
     t = tl.load(prefix_ptr + r)
     n = 0
     for i in tl.static_range(TILES):
         cols = (seg * TILES + i) * BLOCK + tl.arange(0, BLOCK)
-        key = tl.load(keys_ptr + r * stride_r + cols, mask=cols < W, other=KEY_MIN)
+        key = tl.load(keys_ptr + r * stride_r + cols, mask=cols < width, other=KEY_MIN)
         n += tl.sum(((_u(key) == t) & (key != KEY_MIN)).to(tl.int32), 0)
     tl.store(eq_ptr + r * SEGS + seg, n)
 
 
 @triton.jit
-def _select_kernel(keys_ptr, stride_r, W, prefix_ptr, need_ptr, eq_ptr, taken_ptr, out_ptr, SEGS, K,
-                   BLOCK: tl.constexpr, TILES: tl.constexpr):
+def _select_kernel(keys_ptr, stride_r, W, len_ptr, prefix_ptr, need_ptr, eq_ptr, taken_ptr, out_ptr, SEGS, K,
+                   BLOCK: tl.constexpr, TILES: tl.constexpr, HAS_LEN: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     seg = tl.program_id(1)
+    width = _width(len_ptr, r, W, HAS_LEN)
     t = tl.load(prefix_ptr + r)
     need = tl.load(need_ptr + r)
     take_all = need < 0
@@ -103,7 +115,7 @@ def _select_kernel(keys_ptr, stride_r, W, prefix_ptr, need_ptr, eq_ptr, taken_pt
     rank = tl.load(eq_ptr + r * SEGS + seg)  # keys of score T in the segments before this one
     for i in tl.static_range(TILES):
         cols = (seg * TILES + i) * BLOCK + tl.arange(0, BLOCK)
-        key = tl.load(keys_ptr + r * stride_r + cols, mask=cols < W, other=KEY_MIN)
+        key = tl.load(keys_ptr + r * stride_r + cols, mask=cols < width, other=KEY_MIN)
         u = _u(key)
         visible = key != KEY_MIN
         above = visible & ((u > t) | take_all)
@@ -118,13 +130,16 @@ def _select_kernel(keys_ptr, stride_r, W, prefix_ptr, need_ptr, eq_ptr, taken_pt
         rank += tl.sum(equal.to(tl.int32), 0)
 
 
-def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
+def topk_keys(keys: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -> torch.Tensor:
     """keys int64 [R, W] (distinct, or INT64_MIN) -> their min(k, W) largest per row, descending: what
-    torch.topk(keys, min(k, W), dim=1).values gives."""
+    torch.topk(keys, min(k, W), dim=1).values gives. lengths: optional int32 [R] on the device, row r's
+    keys past lengths[r] are INT64_MIN and not read (a CUDA graph's rows are max_model_len wide, its
+    sequences mostly shorter)."""
     r, w = keys.shape
     k = min(k, w)
     device = keys.device
     segs = triton.cdiv(w, BLOCK * TILES)
+    lens = keys if lengths is None else lengths  # any pointer when unused
     prefix = torch.zeros(r, dtype=torch.int64, device=device)
     need = torch.full((r,), k, dtype=torch.int64, device=device)
     hist = torch.zeros(r * sum(1 << b for _, b in ROUNDS), dtype=torch.int32, device=device)
@@ -132,14 +147,15 @@ def topk_keys(keys: torch.Tensor, k: int) -> torch.Tensor:
     for shift, bits in ROUNDS:
         h = hist[offset:offset + (r << bits)]  # [r, 2^bits], contiguous
         offset += r << bits
-        _hist_kernel[(r, segs)](keys, keys.stride(0), w, prefix, need, h, SHIFT=shift, BITS=bits, BLOCK=BLOCK,
-                                TILES=TILES, num_warps=8)  # 8 warps: 128 registers a thread at 11 bits, no spills
+        _hist_kernel[(r, segs)](keys, keys.stride(0), w, lens, prefix, need, h, SHIFT=shift, BITS=bits, BLOCK=BLOCK,
+                                TILES=TILES, HAS_LEN=lengths is not None, num_warps=8)  # 8 warps: 128 registers a thread at 11 bits, no spills
         _walk_kernel[(r,)](h, prefix, need, BITS=bits, num_warps=4)
     eq = torch.empty(r, segs, dtype=torch.int32, device=device)
-    _count_kernel[(r, segs)](keys, keys.stride(0), w, prefix, eq, segs, BLOCK=BLOCK, TILES=TILES, num_warps=4)
+    _count_kernel[(r, segs)](keys, keys.stride(0), w, lens, prefix, eq, segs, BLOCK=BLOCK, TILES=TILES,
+                             HAS_LEN=lengths is not None, num_warps=4)
     eq = (torch.cumsum(eq, dim=1, dtype=torch.int32) - eq).contiguous()  # exclusive: the ranks before each segment
     taken = torch.zeros(r, dtype=torch.int32, device=device)
     out = torch.full((r, k), INT64_MIN, dtype=torch.int64, device=device)
-    _select_kernel[(r, segs)](keys, keys.stride(0), w, prefix, need, eq, taken, out, segs, k, BLOCK=BLOCK,
-                              TILES=TILES, num_warps=4)
+    _select_kernel[(r, segs)](keys, keys.stride(0), w, lens, prefix, need, eq, taken, out, segs, k, BLOCK=BLOCK,
+                              TILES=TILES, HAS_LEN=lengths is not None, num_warps=4)
     return torch.sort(out, dim=1, descending=True).values
