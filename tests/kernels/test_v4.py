@@ -87,3 +87,73 @@ def test_kv_compressor_on_cuda_at_v4_shapes(ratio, overlap, windows, dtype):
             got = ops.kv_compressor(*args)
         assert calls == {"kv_compressor@triton": 1}
         _close(got, _ref(*args), dtype)
+
+
+def _attention_case(seed, device="cpu", h=None, d=None, window=None, t=None, past=None, mode=None, dtype=None,
+                    topk=None):
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    b = rng.randint(1, 3)
+    h, d = h or rng.choice((1, 4, 20)), d or rng.choice((16, 40, 64))
+    window, ratio = window or rng.choice((1, 4, 9, 40)), rng.choice((2, 4))
+    t, past = t or rng.choice((1, 1, 5, 17)), rng.choice((0, 3, 50)) if past is None else past
+    mode = mode or rng.choice(("window", "hca", "csa"))
+    dtype = dtype or rng.choice((torch.float32, torch.bfloat16))
+    s = past + t
+    q = torch.randn(b, t, h, d, generator=g).to(dtype)
+    kv = torch.randn(b, s, d, generator=g).to(dtype)
+    sinks = torch.randn(h, generator=g)
+    positions = torch.arange(past, s).repeat(b, 1)
+    kv_lens = torch.tensor([s - rng.randint(0, past) for _ in range(b)]) if past and b > 1 else None
+    compressed = indices = clens = None
+    if mode != "window":
+        n = s // ratio
+        compressed = torch.randn(b, n, d, generator=g).to(dtype)
+        if mode == "csa":
+            limit = (positions + 1) // ratio
+            scores = torch.rand(b, t, n, generator=g).masked_fill(torch.arange(n) >= limit.unsqueeze(-1), float("-inf"))
+            from dayzero.ops.attention_v4 import v4_topk_select
+            indices = v4_topk_select(scores, topk or rng.choice((1, 3, 8, 40)))
+        elif b > 1 and n:
+            clens = torch.tensor([n - rng.randint(0, min(n, 2)) for _ in range(b)])
+    args = (q, kv, sinks, d**-0.5, window, compressed, indices, positions, ratio, kv_lens, clens)
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), dtype
+
+
+def _attention_ref(*args):
+    return REGISTRY.get("sparse_attention").reference.fn(*args)
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(12))
+def test_sparse_attention_interpreted(seed):
+    from dayzero.kernels.v4 import _attention
+
+    args, dtype = _attention_case(seed)
+    got, want = _attention.sparse_attention(*args), _attention_ref(*args)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    err = (got.float() - want.float()).abs().max() / want.float().abs().max()
+    assert err <= (1e-5 if dtype == torch.float32 else 2.0**-6), f"{float(err):.2e}"
+
+
+def test_unsupported_attention_runs_the_reference():
+    from dayzero.kernels.v4 import supports_sparse_attention
+
+    args, _ = _attention_case(0)
+    assert not supports_sparse_attention(*args)  # CPU tensors
+    assert ops.sparse_attention(*args).shape == args[0].shape
+
+
+@cuda
+@pytest.mark.parametrize("mode", ["window", "csa", "hca"])
+@pytest.mark.parametrize("t, past", [(1, 300), (1, 5000), (200, 300)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_sparse_attention_on_cuda_at_v4_shapes(mode, t, past, dtype):
+    """V4-Flash: 64 heads of 512, window 128, CSA top-512 / HCA, decodes and a prefill block."""
+    args, _ = _attention_case(t + past, "cuda", 64, 512, 128, t, past, mode, dtype, topk=512)
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = ops.sparse_attention(*args)
+    assert calls == {"sparse_attention@triton": 1}
+    want = _attention_ref(*args)
+    err = (got.float() - want.float()).abs().max() / want.float().abs().max()
+    assert err <= (1e-5 if dtype == torch.float32 else 2.0**-6), f"{float(err):.2e}"

@@ -6,7 +6,12 @@ CUDA; importing this package imports no Triton.
                  the per-channel softmax, the pooling and the RMSNorm in one launch (the reference takes
                  about fifty PyTorch ops a call, and a decode step calls it once per compressor)
 
-Not yet: the window + compressed attention and the CSA indexer over the paged streams (issue 28).
+    _attention   sparse_attention "triton": one program per (query, 16 heads) over the block's gathered
+                 rows, an online softmax from the sink logits over the query's window keys, then CSA's
+                 chosen or HCA's visible entries (compiled for sm_90 it spills ~400 B a thread at D = 512:
+                 to tune once the H200 has timed it)
+
+Not yet: the attention and the CSA indexer reading the paged streams in place (issue 28).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from dayzero.ops.registry import REGISTRY
 
 PRIORITY = 10  # above the reference
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-MAX_RATIO, MAX_DIM = 128, 1024
+MAX_RATIO, MAX_DIM = 128, 1024  # the compressor's
+MAX_HEAD_DIM = 512  # the attention's: one [16 heads, D] query tile a program
 
 
 def supports_kv_compressor(kv, gate, ape, norm_weight, eps, overlap, prev_kv=None, prev_gate=None) -> bool:
@@ -42,11 +48,48 @@ def supports_kv_compressor(kv, gate, ape, norm_weight, eps, overlap, prev_kv=Non
                                   for t in (prev_kv, prev_gate))
 
 
+def supports_sparse_attention(q, kv, sinks, scale, sliding_window, compressed=None, indices=None, positions=None,
+                              ratio=None, kv_lens=None, compressed_lens=None) -> bool:
+    """Contiguous q [B, T, H, D <= MAX_HEAD_DIM] / kv [B, S, D] / compressed [B, N, D] of one dtype, float32
+    sinks, int64 indices (made contiguous), positions and lengths; else the reference runs (and raises what
+    is wrong)."""
+    if not (isinstance(q, torch.Tensor) and q.is_cuda and q.dtype in DTYPES and q.dim() == 4 and q.is_contiguous()):
+        return False
+    b, t, h, d = q.shape
+    if d > MAX_HEAD_DIM or not (isinstance(kv, torch.Tensor) and kv.dim() == 3 and kv.shape[0] == b and kv.shape[2] == d
+                           and kv.shape[1] >= t and kv.dtype == q.dtype and kv.is_contiguous()):
+        return False
+    if not (sinks.shape == (h,) and sinks.dtype == torch.float32 and sinks.is_contiguous()) or sliding_window < 1:
+        return False
+    if compressed is not None:
+        if compressed.dim() != 3 or compressed.shape[0] != b or compressed.shape[2] != d \
+                or compressed.dtype != q.dtype or not compressed.is_contiguous():
+            return False
+        if indices is not None:
+            if indices.dtype != torch.int64 or indices.shape[:2] != (b, t):
+                return False
+        elif positions is None or positions.dtype != torch.int64 or positions.shape != (b, t) \
+                or not positions.is_contiguous() or not ratio:
+            return False
+    elif indices is not None:
+        return False
+    return all(x is None or (x.dtype == torch.int64 and x.shape == (b,) and x.is_contiguous())
+               for x in (kv_lens, compressed_lens))
+
+
+def sparse_attention(*args, **kwargs):
+    from dayzero.kernels.v4 import _attention
+
+    return _attention.sparse_attention(*args, **kwargs)
+
+
 def kv_compressor(*args, **kwargs):
     from dayzero.kernels.v4 import _compressor
 
     return _compressor.kv_compressor(*args, **kwargs)
 
 
+REGISTRY.register_kernel("sparse_attention", sparse_attention, backend="triton", devices=["cuda"], priority=PRIORITY,
+                         available=triton_cuda, supports=supports_sparse_attention)
 REGISTRY.register_kernel("kv_compressor", kv_compressor, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_kv_compressor)
