@@ -3,7 +3,8 @@
 # tools/device_wheels.sh (fla-core, einops):
 #   bash tools/device_wheels.sh    (here, once), then run(command="PART=tests bash tools/h200_issue28.sh", carry=[".whl"])
 # PART (one per call, each within a call's 600 s):
-#   tests  the GPU tests of the issue's kernels and graphs (hyper-connections, DSA, sparse MLA, KDA via fla,
+#   tests  the GPU tests of the issue's kernels and graphs (hyper-connections, V4 compressor and attention, DSA,
+#          sparse MLA, KDA via fla,
 #          graph replays against eager steps, the engine's bf16 kernels), then bench/dsa.py and bench/kda.py
 #   v32    the DeepSeek-V3.2-shaped checkpoint (4 layers, 15.9 GiB) and bench/e2e.py at 8K / 32K / 128K
 #          prompts: TTFT and 16 decode steps at each context, graphs + async and eager
@@ -17,7 +18,7 @@ fi
 export PYTHONPATH=${PYTHONPATH:-}:.
 case "${PART:-tests}" in
   tests)
-    timeout ${T_TESTS:-330} python -m pytest -q tests/kernels/test_hc.py tests/kernels/test_dsa_index.py \
+    timeout ${T_TESTS:-330} python -m pytest -q tests/kernels/test_hc.py tests/kernels/test_v4.py tests/kernels/test_dsa_index.py \
       tests/kernels/test_attention_mla.py tests/kernels/test_kda_fla.py tests/engine/test_graphs.py \
       tests/engine/test_cuda.py -rs > $OUT/tests.log 2>&1
     grep -E "^FAILED|^SKIPPED|passed|failed" $OUT/tests.log | tail -12
