@@ -42,7 +42,6 @@ from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import Embedding, Linear, RMSNorm
 from dayzero.models.rotary import Rope, rope_from_config
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
-from dayzero.ops.paged import query_chunks
 from dayzero.spec import LayerSpec, ModelSpec
 from dayzero.weights import Chunk, Layout, Rename, TensorSpec, Unstack
 
@@ -236,17 +235,11 @@ class Indexer(nn.Module):
         self.compressor = Compressor(hidden, dim, ratio, True, eps, dtype, device)
 
     def forward(self, x, q_latent, positions, cos, sin, rope: Rope, state: dict) -> torch.Tensor:
-        """Top-k entry indices [B, T, min(topk, N)] into the block's compressed rows, selected for chunks of
-        queries (`query_chunks`: a chunk's [B, chunk, heads, N] scores stay bounded at long context)."""
+        """Top-k entry indices [B, T, min(topk, N)] into the block's compressed rows (ops.v4_index_topk)."""
         keys = self.compressor(x, rope, state, "index_", positions)
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
-        weights, lens = self.weights_proj(x), state.lens("index_entries")
-        t = q.shape[1]
-        chunk = query_chunks(t, keys.shape[0] * keys.shape[1], self.heads)
-        picks = [ops.v4_topk_select(ops.v4_indexer(q[:, a:a + chunk], keys, weights[:, a:a + chunk],
-                                                   positions[:, a:a + chunk], self.ratio, lens), self.topk)
-                 for a in range(0, t, chunk)]
-        return picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
+        return ops.v4_index_topk(q, keys, self.weights_proj(x), positions, self.ratio, self.topk,
+                                 state.lens("index_entries"))
 
 
 class Attention(nn.Module):

@@ -11,6 +11,7 @@ Ops, in call order:
   kv_compressor   pool complete windows of projected tokens into entries (softmax-gated, then RMSNorm)
   v4_indexer      score every compressed indexer key for every query
   v4_topk_select  keep the best k entries per query (-1 where fewer are visible)
+  v4_index_topk   both, for chunks of queries (what the model calls; one kernel on CUDA)
   sparse_attention  softmax over window keys + chosen entries + one sink logit per head
 """
 
@@ -22,6 +23,7 @@ import torch
 
 from dayzero.ops.attention_gqa import padding_mask
 from dayzero.ops.dsa import ranked_topk
+from dayzero.ops.paged import query_chunks
 from dayzero.ops.registry import reference_op
 
 
@@ -139,6 +141,23 @@ def v4_topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
         raise ValueError(f"v4_topk_select: k must be >= 1, got {k}")
     values, indices = ranked_topk(scores, min(k, scores.shape[-1]))
     return indices.masked_fill(values == float("-inf"), -1)
+
+
+@reference_op("v4_index_topk")
+def v4_index_topk(
+    q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor, positions: torch.Tensor, ratio: int, k: int,
+    lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The CSA indexer's selection: v4_topk_select(v4_indexer(q, keys, weights, positions, ratio, lens), k),
+    int64 [B, T, min(k, N)], computed for chunks of queries (`query_chunks`: a chunk's [B, chunk, H, N]
+    scores stay bounded however long the context)."""
+    if q.dim() != 4 or keys.dim() != 3:
+        raise ValueError(f"v4_index_topk: q must be [B, T, H, Di] and keys [B, N, Di]; got {tuple(q.shape)} and {tuple(keys.shape)}")
+    t = q.shape[1]
+    chunk = query_chunks(t, keys.shape[0] * keys.shape[1], q.shape[2])
+    picks = [v4_topk_select(v4_indexer(q[:, a:a + chunk], keys, weights[:, a:a + chunk], positions[:, a:a + chunk],
+                                       ratio, lens), k) for a in range(0, t, chunk)]
+    return picks[0] if len(picks) == 1 else torch.cat(picks, dim=1)
 
 
 # -- attention --------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ KV_COMPRESSOR = "kv_compressor"  # DeepSeek-V4 CSA/HCA compression of ratio-toke
 SPARSE_ATTENTION = "sparse_attention"  # DeepSeek-V4: window + selected compressed entries, with sinks
 V4_INDEXER = "v4_indexer"  # DeepSeek-V4 indexer scores over compressed entries (visibility by window)
 V4_TOPK_SELECT = "v4_topk_select"
+V4_INDEX_TOPK = "v4_index_topk"  # both: the CSA indexer's selection, what the model calls
 SHORT_CONV1D = "short_conv1d"
 KDA_CHUNK = "kda_chunk"  # prefill
 KDA_RECURRENT = "kda_recurrent"  # decode of [B, T] states (kda_recurrent_slots is what the models call)
@@ -60,7 +61,7 @@ VISION_ENCODER = "vision_encoder"
 ALL_OPS = (
     RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, ROPE_KV_WRITE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
     MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
-    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT, KDA_RECURRENT_SLOTS,
+    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, V4_INDEX_TOPK, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT, KDA_RECURRENT_SLOTS,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
     SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_ENCODER,
@@ -90,7 +91,7 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
         if a.kind in ("csa", "hca"):
             ops.append(KV_COMPRESSOR)
         if a.kind == "csa":
-            ops += [V4_INDEXER, V4_TOPK_SELECT]
+            ops += [V4_INDEX_TOPK]
         ops.append(SPARSE_ATTENTION)
     elif a.kind in ("swa", "gqa"):
         ops += [ROPE_KV_WRITE, GQA_ATTENTION]

@@ -157,3 +157,83 @@ def test_sparse_attention_on_cuda_at_v4_shapes(mode, t, past, dtype):
     want = _attention_ref(*args)
     err = (got.float() - want.float()).abs().max() / want.float().abs().max()
     assert err <= (1e-5 if dtype == torch.float32 else 2.0**-6), f"{float(err):.2e}"
+
+
+def _index_case(seed, device="cpu", h=None, d=None, t=None, past=None, dtype=None, k=None):
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    b, ratio = rng.randint(1, 3), rng.choice((2, 4))
+    h, d = h or rng.choice((1, 4, 16)), d or rng.choice((16, 32, 64))
+    t, past = t or rng.choice((1, 1, 6)), rng.choice((0, 9, 90)) if past is None else past
+    dtype = dtype or rng.choice((torch.float32, torch.bfloat16))
+    s = past + t
+    n = s // ratio
+    q = torch.randn(b, t, h, d, generator=g).to(dtype)
+    keys = torch.randn(b, n, d, generator=g).to(dtype)
+    weights = torch.randn(b, t, h, generator=g).to(dtype)
+    positions = torch.arange(past, s).repeat(b, 1)
+    lens = torch.tensor([n - rng.randint(0, min(n, 3)) for _ in range(b)]) if b > 1 and n else None
+    k = k or rng.choice((1, 4, 30))
+    args = (q, keys, weights, positions, ratio, k, lens)
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _check_index(got, args, rel=1e-5):
+    """The kernel's picks against the reference's: as many, each visible, and the same scores (a swap of
+    two entries one rounding apart allowed)."""
+    from dayzero.ops.attention_v4 import v4_indexer
+
+    want = REGISTRY.get("v4_index_topk").reference.fn(*args)
+    assert got.shape == want.shape and got.dtype == torch.int64
+    assert torch.equal((got >= 0).sum(-1), (want >= 0).sum(-1))
+    if got.numel() == 0:  # no entry yet
+        return 1.0
+    q, keys, weights, positions, ratio, k, lens = args
+    scores = v4_indexer(q, keys, weights, positions, ratio, lens)
+    mine = scores.gather(-1, got.clamp(min=0)).masked_fill(got < 0, 0)
+    theirs = scores.gather(-1, want.clamp(min=0)).masked_fill(want < 0, 0)
+    assert torch.isfinite(mine).all(), "a pick is not visible"
+    tol = rel * float(scores.masked_fill(~torch.isfinite(scores), 0).abs().max().clamp_min(1e-6))
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=tol)
+    return float((got == want).all(-1).float().mean())
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(10))
+def test_v4_index_topk_interpreted(seed):
+    from dayzero.kernels.v4 import _index
+
+    args = _index_case(seed)
+    same = _check_index(_index.v4_index_topk(*args), args, 1e-2 if args[0].dtype == torch.bfloat16 else 1e-5)
+    assert same >= 0.5
+
+
+@interpreter
+def test_v4_index_topk_ties_and_the_radix_variant_select_as_the_reference():
+    """All-zero queries: every visible entry ties at 0, ranked by position, exactly the reference's; the
+    radix top-k selects the same."""
+    from dayzero import settings
+    from dayzero.kernels.v4 import _index
+
+    args = _index_case(3, t=3, past=40, dtype=torch.float32, k=7)
+    q = args[0].clone()
+    q[:, 1] = 0
+    args = (q,) + args[1:]
+    want = REGISTRY.get("v4_index_topk").reference.fn(*args)
+    got = _index.v4_index_topk(*args)
+    assert torch.equal(got[:, 1], want[:, 1])
+    with settings.override(variants={"v4_index_topk": "radix"}):
+        assert torch.equal(_index.v4_index_topk(*args), got)
+
+
+@cuda
+@pytest.mark.parametrize("t, past", [(1, 4096), (1, 131072), (300, 8192)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_v4_index_topk_on_cuda_at_v4_shapes(t, past, dtype):
+    """V4-Flash's indexer: 64 heads of 128, top-512, ratio 4."""
+    args = _index_case(t + past, "cuda", 64, 128, t, past, dtype, 512)
+    args = args[:4] + (4,) + args[5:]
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = ops.v4_index_topk(*args)
+    assert calls == {"v4_index_topk@triton": 1}
+    _check_index(got, args, 1e-2 if dtype == torch.bfloat16 else 1e-5)

@@ -211,14 +211,13 @@ def test_a_decode_step_runs_every_sequence_in_one_block_whatever_its_window_phas
 def test_a_prompt_in_query_chunks_gives_the_one_pass_logits(models, monkeypatch):
     """Budgets that cut a 200-token prompt's indexer scores and attention into chunks of a few queries
     (what bounds their memory at long context) leave the logits as one pass gives them."""
-    import dayzero.models.deepseek_v4 as v4
     from dayzero.ops import attention_v4
 
     ours, _ = models
     ids = prompt(200, seed=3)
     with torch.no_grad():
         whole = ours(ids, positions(ids))
-    monkeypatch.setattr(v4, "query_chunks", lambda queries, keys, heads: 7)
+    monkeypatch.setattr(attention_v4, "query_chunks", lambda queries, keys, heads: 7)
     monkeypatch.setattr(attention_v4, "SCORE_ELEMENTS", 4096)
     assert attention_v4.attention_chunk(200, TINY_V4["sliding_window"], TINY_V4["num_attention_heads"]) < 30
     with torch.no_grad():

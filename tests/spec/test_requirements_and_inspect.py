@@ -29,8 +29,8 @@ def test_required_ops_per_kind():
     assert {req.INDEX_TOPK, req.SPARSE_MLA_ATTENTION, req.LAYER_NORM} <= set(_ops("deepseek-v3.2", 3))
     hca_hash = _ops("deepseek-v4-pro", 0)
     assert {req.KV_COMPRESSOR, req.SPARSE_ATTENTION, req.ROUTE_HASH, req.MOE_EXPERTS_MXFP4, req.HYPER_CONNECTION} <= set(hca_hash)
-    assert req.V4_INDEXER not in hca_hash
-    assert {req.V4_INDEXER, req.V4_TOPK_SELECT, req.ROUTE_SQRTSOFTPLUS} <= set(_ops("deepseek-v4-pro", 4))
+    assert req.V4_INDEX_TOPK not in hca_hash
+    assert {req.V4_INDEX_TOPK, req.ROUTE_SQRTSOFTPLUS} <= set(_ops("deepseek-v4-pro", 4))
     assert req.KV_COMPRESSOR not in _ops("deepseek-v4-flash", 0)  # window-only layer
     oss = _ops("gpt-oss-120b", 0)
     assert {req.GQA_ATTENTION, req.ROUTE_SOFTMAX_TOPK, req.MOE_EXPERTS_MXFP4, req.SWIGLU_CLAMPED, req.LINEAR} <= set(oss)

@@ -11,6 +11,10 @@ CUDA; importing this package imports no Triton.
                  chosen or HCA's visible entries (compiled for sm_90 it spills ~400 B a thread at D = 512:
                  to tune once the H200 has timed it)
 
+    _index       v4_index_topk "triton": the CSA indexer's scores reduced over the heads in the kernel as
+                 int64 order keys (DSA's), chunked over rows, then the top-k (variants "topk": torch.topk,
+                 "radix": dayzero/kernels/dsa/_topk.py)
+
 Not yet: the attention and the CSA indexer reading the paged streams in place (issue 28).
 """
 
@@ -83,6 +87,29 @@ def sparse_attention(*args, **kwargs):
     return _attention.sparse_attention(*args, **kwargs)
 
 
+MAX_INDEX_HEADS, MAX_INDEX_DIM = 128, 256
+INDEX_VARIANTS = {"topk": "the top-k by torch.topk (one thread block a row)",
+                  "radix": "the top-k by radix select, many programs a row (dayzero/kernels/dsa/_topk.py)"}
+
+
+def supports_v4_index_topk(q, keys, weights, positions, ratio, k, lens=None) -> bool:
+    if not (isinstance(q, torch.Tensor) and q.is_cuda and q.dtype in DTYPES and q.dim() == 4 and q.is_contiguous()):
+        return False
+    b, t, h, d = q.shape
+    return (isinstance(keys, torch.Tensor) and keys.dim() == 3 and keys.shape[0] == b and keys.shape[2] == d
+            and keys.dtype == q.dtype and keys.is_contiguous() and weights.shape == (b, t, h)
+            and weights.is_floating_point() and weights.is_contiguous() and positions.shape == (b, t)
+            and positions.dtype == torch.int64 and positions.is_contiguous() and h <= MAX_INDEX_HEADS
+            and d <= MAX_INDEX_DIM and isinstance(k, int) and k >= 1 and int(ratio) >= 1
+            and (lens is None or (lens.dtype == torch.int64 and lens.shape == (b,) and lens.is_contiguous())))
+
+
+def v4_index_topk(*args, **kwargs):
+    from dayzero.kernels.v4 import _index
+
+    return _index.v4_index_topk(*args, **kwargs)
+
+
 def kv_compressor(*args, **kwargs):
     from dayzero.kernels.v4 import _compressor
 
@@ -91,5 +118,7 @@ def kv_compressor(*args, **kwargs):
 
 REGISTRY.register_kernel("sparse_attention", sparse_attention, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_sparse_attention)
+REGISTRY.register_kernel("v4_index_topk", v4_index_topk, backend="triton", devices=["cuda"], priority=PRIORITY,
+                         available=triton_cuda, supports=supports_v4_index_topk, variants=INDEX_VARIANTS)
 REGISTRY.register_kernel("kv_compressor", kv_compressor, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_kv_compressor)
