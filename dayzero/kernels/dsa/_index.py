@@ -27,7 +27,7 @@ import triton.language as tl
 
 from dayzero import settings
 from dayzero.kernels.attention._paged_tile import load_tile, locate, mma, stream_args
-from dayzero.kernels.dsa._topk import topk_keys
+from dayzero.kernels.dsa._topk import best_positions
 from dayzero.ops.paged import token_sequences
 
 BLOCK_N = 64
@@ -35,7 +35,6 @@ SCORE_BYTES = 1 << 29  # int64 order keys of one chunk of rows
 
 
 INT64_MIN = tl.constexpr(-2**63)
-LOW = 2**31 - 1  # the position part's complement base (the literal in _order_key)
 
 
 @triton.jit
@@ -108,10 +107,6 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
             part.stride(0), k_sp, k_ss, ks_sp, ks_ss, ks_sg, H=h, D=d, PAGE=index_k.block_size, BLOCK_N=BLOCK_N,
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), FP8=fp8,
             F32=fp8 or q.dtype == torch.float32 or not q.is_cuda)  # the interpreter cannot multiply bf16
-        if radix:
-            top = topk_keys(part, k, lengths[r0:r1])
-        else:
-            top = torch.topk(part, min(k, width), dim=1, sorted=True).values  # distinct keys: exact order
-        idx = (LOW - (top & 0xFFFFFFFF)).to(torch.int32)
-        out[r0:r1, :idx.shape[1]] = idx.masked_fill_(top == -2**63, -1)
+        idx = best_positions(part, k, radix, lengths[r0:r1] if radix else None)
+        out[r0:r1, :idx.shape[1]] = idx
     return out

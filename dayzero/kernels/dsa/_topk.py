@@ -26,6 +26,7 @@ BLOCK = 1024  # keys a program reads at a time
 TILES = 4  # blocks a program reads: its segment of the row
 ROUNDS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of u's digits, highest first
 INT64_MIN = -2**63
+LOW = 2**31 - 1  # an order key's low 32 bits are LOW - position (dsa/_index.py's _order_key)
 KEY_MIN = tl.constexpr(INT64_MIN)  # the same, for the kernels
 
 
@@ -159,3 +160,13 @@ def topk_keys(keys: torch.Tensor, k: int, lengths: torch.Tensor | None = None) -
     _select_kernel[(r, segs)](keys, keys.stride(0), w, lens, prefix, need, eq, taken, out, segs, k, BLOCK=BLOCK,
                               TILES=TILES, HAS_LEN=lengths is not None, num_warps=4)
     return torch.sort(out, dim=1, descending=True).values
+
+
+def best_positions(keys: torch.Tensor, k: int, radix: bool, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """The columns (positions) of each row's min(k, W) largest order keys, best first, -1 for keys not
+    visible: by the radix select (lengths as in `topk_keys`) or torch.topk. int64 [R, min(k, W)]."""
+    if radix:
+        top = topk_keys(keys, k, lengths)
+    else:
+        top = torch.topk(keys, min(k, keys.shape[1]), dim=1, sorted=True).values  # distinct keys: exact order
+    return (LOW - (top & 0xFFFFFFFF)).masked_fill_(top == INT64_MIN, -1)

@@ -17,8 +17,8 @@ import triton.language as tl
 
 from dayzero import settings
 from dayzero.kernels.attention._mla_decode import operand_dtype
-from dayzero.kernels.dsa._index import INT64_MIN, LOW, _order_key
-from dayzero.kernels.dsa._topk import topk_keys
+from dayzero.kernels.dsa._index import INT64_MIN, _order_key
+from dayzero.kernels.dsa._topk import best_positions
 
 BLOCK_N = 64
 SCORE_BYTES = 1 << 29
@@ -73,6 +73,5 @@ def v4_index_topk(q, keys, weights, positions, ratio, k, lens=None):
             q, weights, keys, positions, lens if lens is not None else positions, part, r0, t, n, h, d ** -0.5,
             h ** -0.5, int(ratio), part.stride(0), D=d, BLOCK_N=block_n, BLOCK_H=max(16, triton.next_power_of_2(h)),
             BLOCK_D=max(16, triton.next_power_of_2(d)), HAS_LEN=lens is not None, DOT=dot, PRECISION=precision)
-        top = topk_keys(part, k) if radix else torch.topk(part, k, dim=1, sorted=True).values
-        out[r0:r1] = (LOW - (top & 0xFFFFFFFF)).masked_fill_(top == -2**63, -1)
+        out[r0:r1] = best_positions(part, k, radix)
     return out.view(b, t, k)
