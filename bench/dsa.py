@@ -8,8 +8,7 @@ problem, in one run, against the roofline.
     python bench/dsa.py --prefill 2048        # also 2048 query rows at the end of each context
     python bench/dsa.py --splits 4 8 16 32    # also sparse attention at these key splits per row
 
-Per case: the indexer + top-k alone ("index"; "index, radix top-k": the same with the top-k variant
-DAYZERO_VARIANT=paged_index_topk=radix, checked to select the same keys), sparse attention alone ("sparse attn"), both ("sparse"),
+Per case: the indexer + top-k alone ("index"), sparse attention alone ("sparse attn"), both ("sparse"),
 dense MLA decode ("dense"), SDPA on contiguous [B, 1, ctx, 576] keys / 512-dim values in the absorbed
 (MQA) form ("sdpa"), each a CUDA graph replay (GPU time), median of --reps. Roofline: bytes / the copy
 bandwidth measured here (bench/moe.py): index keys read (128 bf16 or 128 FP8 + a float32 scale per token),
@@ -37,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.attention_mla import BLOCK, C, DN, DR, DV, pool  # noqa: E402
 from bench.moe import copy_bandwidth, graph_replay_us, matmul_rate  # noqa: E402
-from dayzero import settings  # noqa: E402
 from dayzero.formats.fp8 import quantize_activation_groups  # noqa: E402
 from dayzero.ops.attention_mla import paged_mla_attention, paged_sparse_mla_attention  # noqa: E402
 from dayzero.ops.dsa import paged_index_topk  # noqa: E402
@@ -139,7 +137,7 @@ def main() -> None:
     index_entry = INDEX_DIM + 4 if args.fp8 else INDEX_DIM * 2
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {'FP8' if args.fp8 else 'bf16'} caches",
           flush=True)
-    head = ("| batch x context | index µs | index % copy | index, radix top-k µs | sparse attn µs | sparse µs | dense µs "
+    head = ("| batch x context | index µs | index % copy | sparse attn µs | sparse µs | dense µs "
             "| SDPA µs | proj µs | dense / sparse | core ratio | sparse % roofline |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     checked = False
@@ -155,9 +153,6 @@ def main() -> None:
                 assert torch.equal((sel >= 0).sum(1), (want >= 0).sum(1)), "selection sizes differ"
                 checked = True
             index = graph_replay_us(lambda i: paged_index_topk(*c["index"]), 1, reps)
-            with settings.override(variants={"paged_index_topk": "radix"}):  # the top-k variant, same keys
-                assert torch.equal(paged_index_topk(*c["index"]), sel), "the radix top-k selected other keys"
-                radix = graph_replay_us(lambda i: paged_index_topk(*c["index"]), 1, reps)
             attn = graph_replay_us(lambda i: paged_sparse_mla_attention(*c["mla"], sel), 1, reps)
             both = graph_replay_us(lambda i: paged_sparse_mla_attention(*c["mla"], paged_index_topk(*c["index"])), 1, reps)
             dense = graph_replay_us(lambda i: paged_mla_attention(*c["mla"]), 1, reps)
@@ -170,7 +165,7 @@ def main() -> None:
             index_bytes = batch * ctx * index_entry
             roof = 1e6 * (index_bytes + batch * min(TOPK, ctx) * entry) / bw
             rows.append(f"| {batch} x {ctx // 1024}K | {index:.1f} | {100 * index_bytes / (index * 1e-6) / bw:.0f}% | "
-                        f"{radix:.1f} | {attn:.1f} | {both:.1f} | {dense:.1f} | {'-' if sdpa is None else f'{sdpa:.1f}'} | "
+                        f"{attn:.1f} | {both:.1f} | {dense:.1f} | {'-' if sdpa is None else f'{sdpa:.1f}'} | "
                         f"{proj:.1f} | {dense / both:.2f}x | {(dense - proj) / max(both - proj, 1e-3):.2f}x | "
                         f"{100 * roof / both:.0f}% |")
             print(rows[-1], f"  backends: {', '.join(sorted(calls))}", flush=True)

@@ -143,52 +143,19 @@ def _order_keys(scores: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     return keys.masked_fill(~visible, -2**63)
 
 
-def _radix_case(seed, device="cpu", rows=None, width=None):
-    rng = random.Random(seed)
+@pytest.mark.parametrize("seed", range(4))
+def test_order_keys_rank_as_the_reference_top_k(seed):
+    """best_positions over the kernel's order keys selects the reference's ranked_topk positions: equal
+    scores (zeros from the ReLU, -0.0) by ascending position, invisible keys -1, rows shorter than k."""
+    from dayzero.kernels.dsa._topk import best_positions
+    from dayzero.ops.dsa import ranked_topk
+
     g = torch.Generator().manual_seed(seed)
-    r, w = rows or rng.randint(1, 4), width or rng.choice((1, 63, 1000, 4096, 5000, 9001))
-    scores = torch.randn(r, w, generator=g)
-    if rng.random() < 0.5:
-        scores = scores.relu() * rng.choice((1.0, 1e-30))  # half the keys tie at 0 (and tiny denormal-range scores)
-    scores[:, rng.randrange(w)::max(1, rng.randrange(1, 9))] *= -1
-    visible = torch.arange(w)[None, :] < torch.randint(1, w + 1, (r, 1), generator=g)
-    k = rng.choice((1, 5, 100, 2048))
-    return _order_keys(scores, visible).to(device), k
-
-
-@interpreter
-@pytest.mark.parametrize("seed", range(8))
-def test_radix_select_gives_torch_topk_values(seed):
-    """The radix select's keys equal torch.topk's, in order, with exact score ties, rows with fewer visible
-    keys than k, and rows of several segments."""
-    from dayzero.kernels.dsa._topk import topk_keys
-
-    keys, k = _radix_case(seed)
-    want = torch.topk(keys, min(k, keys.shape[1]), dim=1).values
-    assert torch.equal(topk_keys(keys, k), want)
-    # with the rows' lengths, what lies past them is not read: here large keys that would win otherwise
-    lengths = (keys != -2**63).sum(1).to(torch.int32)
-    past = torch.arange(keys.shape[1])[None, :] >= lengths[:, None]
-    assert torch.equal(topk_keys(torch.where(past, 2**62 + torch.arange(keys.shape[1]), keys), k, lengths), want)
-
-
-@interpreter
-def test_the_radix_variant_selects_as_the_default():
-    from dayzero import settings
-    from dayzero.kernels.dsa._index import paged_index_topk
-
-    query_lens, seq_lens = [1, 3, 1], [70, 40, 130]
-    args = _step(3, query_lens, seq_lens, 4, 16, block=16)
-    for k in (5, 64):
-        want = paged_index_topk(*args[:4], k, args[4])
-        with settings.override(variants={"paged_index_topk": "radix"}):
-            assert torch.equal(paged_index_topk(*args[:4], k, args[4]), want)
-
-
-@cuda
-@pytest.mark.parametrize("rows, width", [(1, 131072), (16, 131072), (3, 5000)])
-def test_radix_select_on_cuda(rows, width):
-    from dayzero.kernels.dsa._topk import topk_keys
-
-    keys, _ = _radix_case(rows + width, "cuda", rows, width)
-    assert torch.equal(topk_keys(keys, 2048), torch.topk(keys, min(2048, width), dim=1).values)
+    rows, width, k = 3, 200 + 37 * seed, (5, 64, 256, 300)[seed]
+    scores = (torch.randn(rows, width, generator=g) * 4).round() / 4  # many exact ties
+    scores[:, ::7] = -0.0
+    visible = torch.arange(width)[None, :] < torch.randint(1, width + 1, (rows, 1), generator=g)
+    got = best_positions(_order_keys(scores, visible), k)
+    _, want = ranked_topk(scores.masked_fill(~visible, float("-inf")), min(k, width))
+    want = want.masked_fill(~torch.gather(visible, 1, want.clamp(min=0)), -1)
+    assert torch.equal(got, want.to(got.dtype))

@@ -3,9 +3,7 @@ importing this package imports no Triton.
 
     _index    paged_index_topk "triton": the lightning indexer's scores read from the paged index keys
               in place, one program per (query row, key block), then the reference's ranked top-k
-    _topk     the top-k of the scores' order keys by radix select over many programs a row (variant
-              "radix"; the default "topk" is torch.topk, one thread block a row, until the H200 has timed
-              both: bench/dsa.py prints them side by side)
+    _topk     the top-k of the scores' order keys as positions (torch.topk), shared with DeepSeek-V4
 """
 
 from __future__ import annotations
@@ -19,8 +17,6 @@ from dayzero.ops.registry import REGISTRY
 PRIORITY = 10  # above the reference
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 MAX_HEADS, MAX_DIM = 128, 256  # one [keys, heads] score tile and one [keys, dim] key tile a program
-VARIANTS = {"topk": "the top-k by torch.topk (one thread block a row)",
-            "radix": "the top-k by radix select, many programs a row (_topk.py)"}
 
 
 def supports_paged_index_topk(q, weights, index_k, scale, k, seqs) -> bool:
@@ -54,5 +50,4 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
 
 
 REGISTRY.register_kernel("paged_index_topk", paged_index_topk, backend="triton", devices=["cuda"],
-                         priority=PRIORITY, available=triton_cuda, supports=supports_paged_index_topk,
-                         variants=VARIANTS)
+                         priority=PRIORITY, available=triton_cuda, supports=supports_paged_index_topk)

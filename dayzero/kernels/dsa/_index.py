@@ -15,9 +15,8 @@ faster than the reference's stable sort of the whole row) can neither pick nor o
     key = sortable(score) * 2^32 + (2^31 - 1 - position)
 sortable maps float32 bits to an int32 in the floats' order (negative floats: the low 31 bits flipped);
 keys not visible are INT64_MIN and come back as -1. One torch.topk per chunk of rows (a two-stage top-k
-by pieces of the row, for few long rows, measured slower on the H200: BENCHMARKS.md), or with
-DAYZERO_VARIANT=paged_index_topk=radix the radix select of _topk.py (the same keys). Host sizes only
-(no device value is read)."""
+by pieces of the row and a radix select over many programs a row, both for few long rows, measured
+slower on the H200: BENCHMARKS.md). Host sizes only (no device value is read)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero import settings
 from dayzero.kernels.attention._paged_tile import load_tile, locate, mma, stream_args
 from dayzero.kernels.dsa._topk import best_positions
 from dayzero.ops.paged import token_sequences
@@ -83,7 +81,6 @@ def _scores_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, row_seq_ptr, qstart_p
 def paged_index_topk(q, weights, index_k, scale, k, seqs):
     """As dayzero.ops.dsa.paged_index_topk (checked by `supports`): int32 [N, k] key positions, -1 padded."""
     n, h, d = q.shape
-    radix = settings.get().variant("paged_index_topk") == "radix"
     out = torch.full((n, k), -1, dtype=torch.int32, device=q.device)
     if n == 0:
         return out
@@ -94,10 +91,6 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
     fp8 = index_k.scales is not None
     chunk = max(1, SCORE_BYTES // (8 * width))
     keys = torch.empty((min(chunk, n), width), dtype=torch.int64, device=q.device)
-    if radix:  # each row's visible keys: positions 0 .. its own (the radix select reads no further)
-        rows = torch.arange(n, device=q.device)
-        b = row_seq.long()
-        lengths = (seqs.seq_lens[b] - (seqs.query_start[b + 1] - rows) + 1).to(torch.int32)
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
         part = keys[:r1 - r0]
@@ -107,6 +100,6 @@ def paged_index_topk(q, weights, index_k, scale, k, seqs):
             part.stride(0), k_sp, k_ss, ks_sp, ks_ss, ks_sg, H=h, D=d, PAGE=index_k.block_size, BLOCK_N=BLOCK_N,
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), FP8=fp8,
             F32=fp8 or q.dtype == torch.float32 or not q.is_cuda)  # the interpreter cannot multiply bf16
-        idx = best_positions(part, k, radix, lengths[r0:r1] if radix else None)
+        idx = best_positions(part, k)
         out[r0:r1, :idx.shape[1]] = idx
     return out

@@ -12,8 +12,7 @@ CUDA; importing this package imports no Triton.
                  to tune once the H200 has timed it)
 
     _index       v4_index_topk "triton": the CSA indexer's scores reduced over the heads in the kernel as
-                 int64 order keys (DSA's), chunked over rows, then the top-k (variants "topk": torch.topk,
-                 "radix": dayzero/kernels/dsa/_topk.py)
+                 int64 order keys (DSA's), chunked over rows, then torch.topk (dayzero/kernels/dsa/_topk.py)
 
 Not yet: the attention and the CSA indexer reading the paged streams in place (issue 28).
 """
@@ -88,8 +87,6 @@ def sparse_attention(*args, **kwargs):
 
 
 MAX_INDEX_HEADS, MAX_INDEX_DIM = 128, 256
-INDEX_VARIANTS = {"topk": "the top-k by torch.topk (one thread block a row)",
-                  "radix": "the top-k by radix select, many programs a row (dayzero/kernels/dsa/_topk.py)"}
 
 
 def supports_v4_index_topk(q, keys, weights, positions, ratio, k, lens=None) -> bool:
@@ -119,6 +116,6 @@ def kv_compressor(*args, **kwargs):
 REGISTRY.register_kernel("sparse_attention", sparse_attention, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_sparse_attention)
 REGISTRY.register_kernel("v4_index_topk", v4_index_topk, backend="triton", devices=["cuda"], priority=PRIORITY,
-                         available=triton_cuda, supports=supports_v4_index_topk, variants=INDEX_VARIANTS)
+                         available=triton_cuda, supports=supports_v4_index_topk)
 REGISTRY.register_kernel("kv_compressor", kv_compressor, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_kv_compressor)

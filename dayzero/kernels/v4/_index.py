@@ -5,7 +5,7 @@ One program per (query row, BLOCK_N entries) of a chunk of rows: score[n] = sum_
 key[n]) Di^-1/2 in float32 (bf16 / fp16 products on the tensor cores, IEEE float32 for float32 queries),
 entries not visible to the query (its number n - (N - lens) outside [0, (p + 1) // ratio)) INT64_MIN. The
 keys are DSA's (dayzero/kernels/dsa/_index.py: sortable score bits, then the entry's column, lower
-first), so torch.topk (or the radix select, DAYZERO_VARIANT=v4_index_topk=radix) ranks equal scores
+first), so torch.topk ranks equal scores
 as the reference's `ranked_topk` does. Rows are chunked so that a chunk's keys stay within SCORE_BYTES
 (the reference's [B, T, H, N] float32 scores are what the chunks avoid)."""
 
@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from dayzero import settings
 from dayzero.kernels.attention._mla_decode import operand_dtype
 from dayzero.kernels.dsa._index import INT64_MIN, _order_key
 from dayzero.kernels.dsa._topk import best_positions
@@ -65,7 +64,6 @@ def v4_index_topk(q, keys, weights, positions, ratio, k, lens=None):
     rows = b * t
     chunk = max(1, SCORE_BYTES // (8 * width))
     scores = torch.empty((min(chunk, rows), width), dtype=torch.int64, device=q.device)
-    radix = settings.get().variant("v4_index_topk") == "radix"
     for r0 in range(0, rows, chunk):
         r1 = min(rows, r0 + chunk)
         part = scores[:r1 - r0]
@@ -73,5 +71,5 @@ def v4_index_topk(q, keys, weights, positions, ratio, k, lens=None):
             q, weights, keys, positions, lens if lens is not None else positions, part, r0, t, n, h, d ** -0.5,
             h ** -0.5, int(ratio), part.stride(0), D=d, BLOCK_N=block_n, BLOCK_H=max(16, triton.next_power_of_2(h)),
             BLOCK_D=max(16, triton.next_power_of_2(d)), HAS_LEN=lens is not None, DOT=dot, PRECISION=precision)
-        out[r0:r1] = best_positions(part, k, radix)
+        out[r0:r1] = best_positions(part, k)
     return out.view(b, t, k)
