@@ -6,11 +6,13 @@
 #   tests  the GPU tests of the kernels and graphs (hyper-connections, V4 compressor and attention, DSA,
 #          sparse MLA, KDA via fla,
 #          graph replays against eager steps, the engine's bf16 kernels), then bench/dsa.py and bench/kda.py
+#   engine the engine's GPU tests alone (graph replays against eager steps, CUDA engine against CPU engine)
 #   v32    the DeepSeek-V3.2-shaped checkpoint (4 layers, 15.9 GiB) and bench/e2e.py at 8K / 32K / 128K
 #          prompts: TTFT and 16 decode steps at each context, graphs + async and eager
 #   v4     the DeepSeek-V4-Flash-shaped checkpoint (8 layers) and bench/e2e.py eagerly (V4 runs no graphs):
 #          TTFT and decode at 8K and 128K (the target: decode at 128K within 2x of 8K)
 set -u
+export PYTHONUNBUFFERED=1
 if ls .whl/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -24,9 +26,13 @@ case "${PART:-tests}" in
     grep -E "^FAILED|^SKIPPED|passed|failed" $OUT/tests.log | tail -12
     timeout ${T_DSA:-60} python bench/dsa.py --quick > $OUT/dsa.log 2>&1; tail -8 $OUT/dsa.log
     timeout ${T_KDA:-170} python bench/kda.py --quick > $OUT/kda.log 2>&1; tail -12 $OUT/kda.log ;;
+  engine)
+    timeout ${T_TESTS:-300} python -m pytest -q tests/engine/test_graphs.py tests/engine/test_cuda.py -k "${K:-cuda}" -rs \
+      > $OUT/engine.log 2>&1
+    grep -E "^FAILED|^SKIPPED|passed|failed" $OUT/engine.log | tail -12 ;;
   v32)
     timeout ${T_E2E:-560} python bench/e2e.py --model /tmp/dsv32 --make deepseek-v3.2 --no-transformers \
-      --modes async eager --ttft 8192 32768 131072 --long-decode 16 --kv-gib 24 > $OUT/e2e_v32.log 2>&1
+      --modes ${MODES:-async eager} --ttft 8192 32768 131072 --long-decode 16 --kv-gib 24 > $OUT/e2e_v32.log 2>&1
     tail -16 $OUT/e2e_v32.log ;;
   v4)
     [ -f /tmp/dsv4/config.json ] || python bench/checkpoints.py deepseek-v4-flash /tmp/dsv4 --layers 8 > $OUT/ckpt_v4.log 2>&1

@@ -10,9 +10,10 @@ registry (dayzero/ops/registry.py) beside the reference ops, for CUDA.
     kda/      KDA (kda_chunk, kda_recurrent) through fla-core where it is installed (backend "fla")
     hc/       DeepSeek-V4's hyper-connections (hyper_connection, hyper_connection_post), one launch each
     v4/       DeepSeek-V4 attention: the compressor (kv_compressor) in one launch
+    linear/   dense projections with FP8 block-scaled weights (linear_fp8_block)
 Shared by the families: devices.py (device facts looked up once), pdl.py (programmatic dependent
 launch), checks.py (argument checks, `supports` predicates). Importing registers every kernel without
 importing Triton (that happens at a kernel's first call). See docs/kernels.md.
 """
 
-from dayzero.kernels import attention, dsa, hc, kda, moe, routing, token, v4  # noqa: F401  (register their kernels)
+from dayzero.kernels import attention, dsa, hc, kda, linear, moe, routing, token, v4  # noqa: F401  (register their kernels)

@@ -34,8 +34,9 @@ def test_engine_on_cuda_gives_the_cpu_engines_tokens(name, tmp_path):
     _assert_pool_free(gpu)
 
 
-EXPECTED_KERNELS = {"deepseek_v32": {"paged_index_topk@triton", "paged_sparse_mla_attention@triton"},
-                    "deepseek_v4": {"hyper_connection@triton", "hyper_connection_post@triton", "kv_compressor@triton",
+EXPECTED_KERNELS = {"deepseek_v32": {"paged_index_topk@triton", "paged_sparse_mla_attention@triton",
+                                     "linear_fp8_block@triton"},
+                    "deepseek_v4": {"linear_fp8_block@triton", "hyper_connection@triton", "hyper_connection_post@triton", "kv_compressor@triton",
                                     "sparse_attention@triton", "v4_index_topk@triton"}}
 
 
