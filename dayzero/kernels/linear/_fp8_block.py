@@ -71,12 +71,30 @@ def _scale(ptr, mask, E8M0: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride_sn, stride_os, stride_om,
+def _k_step(acc, kb, w_rows, x_cols, s_rows, n_ok, m_ok, K, E8M0: tl.constexpr, BLOCK_K: tl.constexpr,
+            IEEE: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + W[:, kb-th BLOCK_K] dequantized x x[:, the same]^T."""
+    offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = offs_k < K
+    bits = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+    scale = _scale(s_rows + kb, n_ok & (kb * BLOCK_K < K), E8M0)
+    w = _rounded(_e4m3(bits, INTERPRET) * scale[:, None], x_cols.dtype.element_ty, INTERPRET)  # the reference's
+    xt = tl.load(x_cols + offs_k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+    if IEEE:  # float32 activations (and the interpreter, which cannot multiply bf16): exact products
+        return acc + tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(w, xt, acc)
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, k_steps, stride_xm, stride_sn, stride_os, stride_om,
                  BN_SCALE: tl.constexpr, K_STEPS: tl.constexpr, E8M0: tl.constexpr, HAS_BIAS: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
                  INTERPRET: tl.constexpr):
     """out[split, m, n] (the split's partial sum; the whole sum with its bias when there is one split) of
-    K_STEPS blocks of BLOCK_K (= the scale block's K) from the split's first."""
+    k_steps blocks of BLOCK_K (= the scale block's K) from the split's first (K_STEPS: the same as a
+    constant, for the interpreter, which loops to constant bounds only; 0 when compiled: one kernel for
+    every split)."""
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -88,18 +106,14 @@ def _gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm, stride
     x_cols = x_ptr + offs_m.to(tl.int64)[None, :] * stride_xm
     s_rows = s_ptr + (offs_n // BN_SCALE) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for i in range(K_STEPS):
-        kb = pid_s * K_STEPS + i
-        offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_ok = offs_k < K
-        bits = tl.load(w_rows + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-        scale = _scale(s_rows + kb, n_ok & (kb * BLOCK_K < K), E8M0)
-        w = _rounded(_e4m3(bits, INTERPRET) * scale[:, None], x_ptr.dtype.element_ty, INTERPRET)  # the reference's
-        xt = tl.load(x_cols + offs_k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-        if IEEE:  # float32 activations (and the interpreter, which cannot multiply bf16): exact products
-            acc += tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
-        else:
-            acc = tl.dot(w, xt, acc)
+    if INTERPRET:
+        for i in range(K_STEPS):
+            acc = _k_step(acc, pid_s * K_STEPS + i, w_rows, x_cols, s_rows, n_ok, m_ok, K, E8M0, BLOCK_K, IEEE,
+                          INTERPRET)
+    else:
+        for i in range(0, k_steps):
+            acc = _k_step(acc, pid_s * k_steps + i, w_rows, x_cols, s_rows, n_ok, m_ok, K, E8M0, BLOCK_K, IEEE,
+                          INTERPRET)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
     dst = out_ptr + pid_s * stride_os + offs_m.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
@@ -170,8 +184,9 @@ def _fused(x2: torch.Tensor, weight, scale_inv, bias, block, sms: int | None = N
         out = torch.empty((splits, m, n), dtype=torch.float32, device=x2.device)
     interpret = interpreting()
     _gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), splits)](
-        x2, weight.view(torch.uint8), scales, bias if bias is not None else x2, out, m, n, k, x2.stride(0),
-        scales.stride(0), out.stride(0) if splits > 1 else 0, n, BN_SCALE=bn, K_STEPS=steps, E8M0=e8m0,
+        x2, weight.view(torch.uint8), scales, bias if bias is not None else x2, out, m, n, k, steps, x2.stride(0),
+        scales.stride(0), out.stride(0) if splits > 1 else 0, n, BN_SCALE=bn, K_STEPS=steps if interpret else 0,
+        E8M0=e8m0,
         HAS_BIAS=bias is not None and splits == 1, BLOCK_N=block_n, BLOCK_M=block_m, BLOCK_K=bk,
         IEEE=x2.dtype == torch.float32 or interpret, INTERPRET=interpret, num_warps=4 if m <= 64 else 8,
         num_stages=4 if m <= 64 else 3)
