@@ -105,6 +105,17 @@ def load_dayzero(path: str | Path, dtype: torch.dtype, device: str):
 REFERENCE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
+def reference_load_kwargs(config: dict) -> dict:
+    """from_pretrained arguments for transformers' model of a checkpoint with `config`: MXFP4 experts
+    dequantized on load (the format's definition; transformers >= 5.25 would otherwise fetch its Triton
+    MXFP4 kernels from the Hub when the `kernels` package is installed, and this code never downloads)."""
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        from transformers import Mxfp4Config
+
+        return {"quantization_config": Mxfp4Config(dequantize=True)}
+    return {}
+
+
 def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize: bool | None = None,
                    ties: str = "index"):
     """transformers' model of the checkpoint, its DSA top-k ties broken by `ties` (REFERENCE_TIES,
@@ -137,9 +148,10 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
         model = cls.from_pretrained(None, config=reference_config, state_dict=_dequantized_state_dict(path, quant, dtype),
                                     dtype=dtype)
     elif model_type != config.get("model_type"):
-        model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype,
+                                                     **reference_load_kwargs(config))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **reference_load_kwargs(config))
     if ties == "index":
         rank_reference_ties(model, model_type)
     return model.to(device).eval()

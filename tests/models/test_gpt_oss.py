@@ -20,9 +20,15 @@ PROMPT_LENGTHS = (5, 40, 70)
 
 
 def _hf(path):
+    import json
+    from pathlib import Path
+
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    from dayzero.verify import reference_load_kwargs
+
+    kwargs = reference_load_kwargs(json.loads((Path(path) / "config.json").read_text()))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", **kwargs).eval()
 
 
 def _prompt(batch, length, seed=0):
