@@ -198,19 +198,46 @@ class PagedLayerView:
                            self.storage.block_size, spec.rate, self.storage.scales.get(key),
                            spec.dtype if spec.fp8 else None)
 
-    def _slots(self, name: str, new: torch.Tensor) -> tuple[tuple[int, str], torch.Tensor, torch.Tensor]:
-        """(key, pages, offsets) where stream `name` takes this step's entries `new`, checked against them."""
+    def _place(self, name: str, table: dict | None = None) -> tuple[tuple[int, str], StreamSpec, torch.Tensor, torch.Tensor]:
+        """(key, spec, pages, offsets) of stream `name`'s slots in this step: the step's writes, or `table`
+        (StepMetadata.candidates) keyed the same way, by (group, rate)."""
         key = self._key(name)
         spec = self.storage.specs[key]
-        pages, offsets = self.meta.writes[self.storage.group[key], spec.rate]
+        pages, offsets = (self.meta.writes if table is None else table)[self.storage.group[key], spec.rate]
+        return key, spec, pages, offsets
+
+    def _slots(self, name: str, new: torch.Tensor, table: dict | None = None
+               ) -> tuple[tuple[int, str], torch.Tensor, torch.Tensor]:
+        """(key, pages, offsets) where stream `name` takes this step's entries `new`, checked against them."""
+        key, spec, pages, offsets = self._place(name, table)
         if new.shape[0] != pages.shape[0] or tuple(new.shape[1:]) != spec.shape:
             raise ValueError(f"layer {self.layer} {name!r}: the step appends {pages.shape[0]} entries of shape "
                              f"{spec.shape}, the model gave {tuple(new.shape)}")
         return key, pages, offsets
 
-    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> PagedStream:
-        key, pages, offsets = self._slots(name, new)
+    def _write(self, key: tuple[int, str], pages: torch.Tensor, offsets: torch.Tensor, new: torch.Tensor) -> None:
         write_entries(self.storage.streams[key], self.storage.scales.get(key), pages, offsets, new)
+
+    def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> PagedStream:
+        self._write(*self._slots(name, new), new)
+        return self.stream(name)
+
+    def append_part(self, name: str, new: torch.Tensor, start: int) -> PagedStream:
+        """Write entries start ... start + len(new) - 1 of what the step appends to stream `name` (a model
+        that writes its blocks of sequences one by one: each block's entries before the block reads
+        them); the parts of one step must cover its entries once."""
+        key, spec, pages, offsets = self._place(name)
+        end = start + new.shape[0]
+        if start < 0 or end > pages.shape[0] or tuple(new.shape[1:]) != spec.shape:
+            raise ValueError(f"layer {self.layer} {name!r}: entries [{start}, {end}) of shape "
+                             f"{tuple(new.shape[1:])} do not fit the step's {pages.shape[0]} entries of {spec.shape}")
+        self._write(key, pages[start:end], offsets[start:end], new)
+        return self.stream(name)
+
+    def append_candidates(self, name: str, new: torch.Tensor) -> PagedStream:
+        """A graph decode step's candidate entries [B, *entry] of compressed stream `name`, one per sequence
+        (StepMetadata.candidates: the entry's slot where its window completes, the scratch page elsewhere)."""
+        self._write(*self._slots(name, new, self.meta.candidates), new)
         return self.stream(name)
 
     def rope_append(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,

@@ -4,7 +4,8 @@ A captured graph replays the kernels with the device pointers they had at captur
 metadata must live in buffers that never move: `StaticStep` holds, for up to `max_seqs` sequences
 each computing one token, the same fields as `dayzero.cache.step.StepMetadata` (input ids,
 positions, query starts, sequence lengths, one int32 block table per cache group of fixed width,
-where each new entry goes, state slots, logits rows) in one device buffer, mirrored by one pinned
+where each new entry goes, state slots, logits rows; and for streams of compressed entries, one
+candidate slot per sequence: `StepMetadata.candidates`) in one device buffer, mirrored by one pinned
 host buffer. `meta(b, seq_lens_host)` gives the StepMetadata of a batch of b sequences as views of
 those buffers (made once per bucket and captured with); `fill(steps, b)` writes a step's values
 (n <= b sequences, the rest padding) and copies them to the device in one transfer (the 1-D fields,
@@ -43,14 +44,12 @@ class StaticStep:
         self.block_size, self.max_seqs, self.max_len = block_size, max_seqs, max_len
         self.width = -(-max_len // block_size) + 1  # one spare column, as build_step's tables
         kinds = layout.stream_kinds(block_size)
-        rates = sorted({rate for _, rate, _ in kinds})
-        if rates and rates != [1]:
-            raise ValueError(f"StaticStep: a decode graph step writes one entry per sequence and stream; this layout has "
-                             f"streams of rates {rates} (compressed entries), which write a varying number")
         self.groups = sorted({g for g, _, _ in kinds})
+        self.compressed = sorted((g, rate, per_block) for g, rate, per_block in kinds if rate > 1)
         self.scratch_pages, self.scratch_slot = scratch_pages, scratch_slot
         s, w = max_seqs, self.width
         longs = list(_LONGS) + [f"w{p}{g}" for g in self.groups for p in "po"]
+        longs += [f"c{p}{g},{rate}" for g, rate, _ in self.compressed for p in "po"]
         self._spans: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
         offset = 0
         for name in longs:
@@ -93,9 +92,10 @@ class StaticStep:
         d = self.dev
         seqs = SeqBatch(d["query_start"][:b + 1], d["seq_lens"][:b], tuple(range(b + 1)), tuple(seq_lens_host))
         writes = {(g, 1): (d[f"wp{g}"][:b], d[f"wo{g}"][:b]) for g in self.groups}
+        candidates = {(g, r): (d[f"cp{g},{r}"][:b], d[f"co{g},{r}"][:b]) for g, r, _ in self.compressed}
         return StepMetadata(d["input_ids"][:b], d["positions"][:b], seqs, {g: d[f"table{g}"][:b] for g in self.groups},
                             writes, d["state_slots"][:b], d["logits_indices"][:b], (False,) * b,
-                            (self.scratch_slot,) * b)
+                            (self.scratch_slot,) * b, candidates)
 
     def fill(self, steps: list[SeqStep], b: int) -> None:
         """Write the values of `steps` (decodes: one new token each, tables covering it) as the first
@@ -139,6 +139,16 @@ class StaticStep:
                 raise RuntimeError(f"a graph step writes cache group {g} entries into a block that is not allocated")
             h[f"wp{g}"][:n], h[f"wp{g}"][n:b] = page, scratch
             h[f"wo{g}"][:n], h[f"wo{g}"][n:b] = starts % bs, 0
+        for g, rate, per_block in self.compressed:  # each row's candidate entry: its slot where it completes
+            table, scratch = h[f"table{g}"], self.scratch_pages[g]
+            completes = (starts + 1) % rate == 0
+            token = np.where(completes, (starts + 1) // rate - 1, 0) * rate
+            page = table[np.arange(n), token // bs].astype(np.int64) if n else np.zeros(0, np.int64)
+            if (completes & (page < 0)).any():
+                raise RuntimeError(f"a graph step writes cache group {g} entries into a block that is not allocated")
+            h[f"cp{g},{rate}"][:n] = np.where(completes, page, scratch)
+            h[f"co{g},{rate}"][:n] = np.where(completes, (token % bs) // rate if per_block > 1 else 0, 0)
+            h[f"cp{g},{rate}"][n:b], h[f"co{g},{rate}"][n:b] = scratch, 0
         # one transfer: the 1-D fields, every table but the last in full and the last one's first b rows
         end = self._spans[f"table{self.groups[-1]}"][0] + 4 * b * self.width if self.groups else self._flat_bytes
         cuda = self.device.type == "cuda"

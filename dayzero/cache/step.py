@@ -10,6 +10,7 @@ orders them), its tokens [start_b, start_b + num_new_b). All of them are packed 
     writes[g, rate]           (pages, offsets) long [M]: where the step's new entries of streams of
                               group g and entry rate `rate` go, sequence by sequence, entry by entry
                               (a sequence appends entries start // rate ... end // rate - 1)
+    candidates                (graph decode steps only) one slot per sequence and (g, rate > 1)
     state_slots               long [B]: each sequence's recurrent-state slot
     logits_indices            long [R]: the rows whose logits are wanted (the last token of every
                               sequence that samples), in sequence order
@@ -51,6 +52,10 @@ class StepMetadata:
     logits_indices: torch.Tensor
     fresh: tuple[bool, ...]  # per sequence: no token computed before this step (its state reads as zeros)
     state_slots_host: tuple[int, ...]
+    # a graph's decode step (dayzero.cache.static_step): per (group, rate > 1), where each sequence's
+    # candidate entry goes, (pages, offsets) long [B]: the entry's slot where its window completes this
+    # step, the scratch page elsewhere (a fixed count per step, whatever the windows' phases)
+    candidates: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -15,7 +15,7 @@ lengths (dayzero.kernels.attention.gqa_choose). The MoE layer's own per-layer gr
 while a whole-step graph is captured (dayzero.kernels.moe._graphs).
 
 Which models can be captured: a model names what stops its decode step from being captured
-(`CausalLM.cuda_graph_blocker`: DeepSeek-V4's compressed entries) and then runs
+(`CausalLM.cuda_graph_blocker`; every family now says none) and then runs
 eagerly. Beyond that, capture itself decides: reference ops are the specification, not written for
 capture (they check values on the host, loop over the sequences' host lengths, make data-dependent
 shapes), so a capture during which an op ran its reference where it reads the sequences' host
@@ -45,7 +45,8 @@ log = logging.getLogger("dayzero")
 
 # Reference ops that loop over a step's sequences with the SeqBatch host lengths: captured, a replay
 # would run the capture's lengths, whatever the step's are.
-HOST_LENGTH_OPS = ("paged_gqa_attention", "paged_mla_attention", "paged_sparse_mla_attention", "paged_index_topk")
+HOST_LENGTH_OPS = ("paged_gqa_attention", "paged_mla_attention", "paged_sparse_mla_attention", "paged_index_topk",
+                   "paged_v4_attention", "paged_v4_index_topk")
 
 
 class GraphCaptureError(RuntimeError):

@@ -23,9 +23,10 @@ exists), per sequence.
 The packed step runs attention on [B, T] blocks (`_GroupCache`): consecutive sequences that compute
 the same number of tokens from the same position (prefill chunks), or one token each (decodes, in
 whatever phase of their compression windows: each row compresses a candidate entry, visible and
-written only where its window completes), and are all fresh or all not. The window keys and
-compressed entries a block reads are gathered for its rows at once (`PagedStream.gather_rows`; these
-ops have no paged kernels yet).
+written only where its window completes), and are all fresh or all not. A block of decodes writes its
+entries first and reads the streams in place (ops.paged_v4_index_topk, ops.paged_v4_attention); a
+prefill block's window keys and compressed entries are gathered for its rows at once
+(`PagedStream.gather_rows`) and written at the layer's end.
 """
 
 from __future__ import annotations
@@ -238,6 +239,9 @@ class Indexer(nn.Module):
         """Top-k entry indices [B, T, min(topk, N)] into the block's compressed rows (ops.v4_index_topk)."""
         keys = self.compressor(x, rope, state, "index_", positions)
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
+        if state.paged:  # decodes: entry numbers over the stream in place
+            return ops.paged_v4_index_topk(q[:, 0], keys, self.weights_proj(x)[:, 0], positions[:, 0], self.ratio,
+                                           self.topk)[:, None]
         return ops.v4_index_topk(q, keys, self.weights_proj(x), positions, self.ratio, self.topk,
                                  state.lens("index_entries"))
 
@@ -286,9 +290,14 @@ class Attention(nn.Module):
             compressed = self.compressor(x, rope, state, "comp_", positions)
         if self.kind == "csa":
             indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
-        out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
-                                   positions, self.ratio, state.lens("window"),
-                                   None if compressed is None else state.lens("comp_entries"))
+        if state.paged:  # decodes: the streams read in place (this step's entries written)
+            out = ops.paged_v4_attention(q[:, 0], keys, self.attn_sink, self.head_dim**-0.5, self.window,
+                                         positions[:, 0], compressed, None if indices is None else indices[:, 0],
+                                         self.ratio if compressed is not None else None)[:, None]
+        else:
+            out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
+                                       positions, self.ratio, state.lens("window"),
+                                       None if compressed is None else state.lens("comp_entries"))
         out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
         return self.wo_b(self.wo_a(out.unflatten(2, (self.wo_a.groups, -1)).flatten(3)))
 
@@ -460,8 +469,7 @@ class DeepseekV4ForCausalLM(CausalLM):
         self.rope_main, self.rope_compress = _ropes(config, spec.layers[0].attention.qk_rope_head_dim)
 
     def cuda_graph_blocker(self, max_model_len: int) -> str | None:
-        return ("compressed entries: a decode step writes one only every `ratio` tokens, and the window and "
-                "compressed reads are gathered per sequence (reference ops)")
+        return None  # decodes read the streams in place and write one candidate entry a row (_BlockView)
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         ids, positions = input_ids[None], positions[None]  # the blocks below are token-local: one row of N tokens
@@ -487,7 +495,7 @@ class _GroupCache:
     def __init__(self, cache, ratio: int):
         self.cache, self.ratio, self.seqs = cache, ratio, cache.seqs
         self.probing = not hasattr(cache, "meta")  # probe_layout's recording cache: write through at once
-        self.new: dict[str, list[torch.Tensor]] = {}
+        self.new: dict[str, list[tuple[int, torch.Tensor]]] = {}
         self.states: dict[str, list[torch.Tensor]] = {}
 
     def groups(self):
@@ -498,23 +506,36 @@ class _GroupCache:
         for b in range(1, seqs.num_seqs + 1):
             if b == seqs.num_seqs or keys[b] != keys[first]:
                 rows = slice(seqs.query_start_host[first], seqs.query_start_host[b])
-                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2])
+                decodes = not self.probing and keys[first][0] == 1 and not keys[first][2]
+                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2], decodes)
                 first = b
+
+    def first_entry(self, seq: int, rate: int) -> int:
+        """How many entries of a stream of `rate` the step's sequences before `seq` append."""
+        seqs = self.seqs
+        return sum((c + t) // rate - c // rate for c, t in zip(seqs.context_lens[:seq], seqs.query_lens[:seq]))
 
     def commit(self) -> None:
         for name, parts in self.new.items():
-            self.cache.append(name, torch.cat([p.flatten(0, 1) for p in parts]))
+            for start, part in parts:
+                self.cache.append_part(name, part.flatten(0, 1), start)
         for name, parts in self.states.items():
             self.cache[name] = torch.cat(parts)
 
 
 class _BlockView:
-    def __init__(self, owner: _GroupCache, first: int, end: int, fresh: bool):
-        self.owner, self.first, self.end, self.fresh = owner, first, end, fresh
+    """One block's view (`_GroupCache`). paged: a block of decodes, whose `append` writes the block's
+    entries at once and returns the stream (PagedStream) for the paged ops to read in place; other blocks
+    get their rows gathered and write at `commit`."""
+
+    def __init__(self, owner: _GroupCache, first: int, end: int, fresh: bool, paged: bool = False):
+        self.owner, self.first, self.end, self.fresh, self.paged = owner, first, end, fresh, paged
         self._lens: dict[str, torch.Tensor | None] = {}
 
     def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
         seqs = self.owner.seqs
+        if self.paged and rate > 1 and self.owner.cache.meta.candidates is not None:  # a graph's step: every
+            return self.owner.cache.append_candidates(name, new.flatten(0, 1))  # row's candidate, scratch or not
         ctxs = seqs.context_lens[self.first:self.end]
         written = new
         if rate > 1 and seqs.query_lens[self.first] == 1:  # decodes: each row's candidate entry, kept by the
@@ -523,7 +544,10 @@ class _BlockView:
         if self.owner.probing:
             self.owner.cache.append(name, written.flatten(0, 1), window, rate)
             return new
-        self.owner.new.setdefault(name, []).append(written)
+        start = self.owner.first_entry(self.first, rate)
+        if self.paged:
+            return self.owner.cache.append_part(name, written.flatten(0, 1), start)
+        self.owner.new.setdefault(name, []).append((start, written))
         stream = self.owner.cache.stream(name)
         lo = [0 if window is None else max(0, ctx - (window - 1)) // rate for ctx in ctxs]
         hi = [ctx // rate for ctx in ctxs]

@@ -20,8 +20,9 @@ Decoder layer i:  h = x + self_attn(input_layernorm(x));  out = h + MLP(post_att
         exactly DeepSeek-V3's noaux_tc router (ops/routing_deepseek.py).
 Cache per layer (`cache.layers[i]`): KDA: states `conv_q`, `conv_k`, `conv_v` [H*d, K-1] (the last
 K-1 projected inputs) and `recurrent` float32 [H, d, d] per sequence; MLA: streams `kv_latent` [C]
-and `k_pe` [Dr] per token. KDA runs on [B, T] blocks of the packed step: each run of consecutive
-sequences with the same query length (decodes: T = 1, the recurrent form) is one block.
+and `k_pe` [Dr] per token. KDA runs on segments of the packed step: consecutive decodes as one [B, 1]
+block (the recurrent form, states updated in their slots), consecutive prompt chunks of any lengths as
+one packed varlen call (short_conv1d_varlen, kda_chunk_varlen: states from and back to their slots).
 
 Checkpoint (the released names, as transformers also saves them), per layer `model.layers.{i}.`:
     self_attn.{q,k,v}_proj, self_attn.{q,k,v}_conv1d.weight [H*d, 1, K], self_attn.{f_a,f_b,b,g_a,g_b,o}_proj,
@@ -113,6 +114,10 @@ class ShortConv(nn.Module):
         """x [B, T, channels], state [B, channels, K - 1] or None (zeros) -> (y, new state)."""
         return ops.short_conv1d(x, self.weight[:, 0], state, "silu")
 
+    def varlen(self, x: torch.Tensor, starts: torch.Tensor, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, channels] of sequences packed from device offsets `starts` [B + 1] -> (y, new states)."""
+        return ops.short_conv1d_varlen(x, self.weight[:, 0], starts, state, "silu")
+
 
 class DeltaAttention(nn.Module):
     """One KDA layer (module docstring); keeps conv_{q,k,v} and `recurrent` in its layer cache."""
@@ -173,22 +178,30 @@ class DeltaAttention(nn.Module):
         pool, slots = cache.state_pool("recurrent", (self.heads, self.head_dim, self.head_dim), torch.float32)
         outs, new_states = [], [[] for _ in names]
         seqs = cache.seqs
-        for first, end, t in seqs.runs:  # [B, T] blocks of consecutive sequences with equal query length
-            rows = slice(seqs.query_start_host[first], seqs.query_start_host[end])
-            shape = (end - first, t, self.heads, self.head_dim)
+        convs = ((self.q_conv1d, q), (self.k_conv1d, k), (self.v_conv1d, v))
+        for first, end, decodes in _segments(seqs.runs):  # decodes: [B, 1]; prompt chunks: packed varlen
+            qs = seqs.query_start_host
+            rows = slice(qs[first], qs[end])
             part = [None if s is None else s[first:end] for s in states]
             parts = []
-            for j, (conv, proj) in enumerate(((self.q_conv1d, q), (self.k_conv1d, k), (self.v_conv1d, v))):
-                y, st = conv(proj[rows].view(end - first, t, -1), part[j])
-                parts.append(y.view(shape))
-                new_states[j].append(st)
-            run_slots = slots[first:end]
-            if t == 1:
-                o = ops.kda_recurrent_slots(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), pool, run_slots)
+            if decodes:
+                shape = (end - first, 1, self.heads, self.head_dim)
+                for j, (conv, proj) in enumerate(convs):
+                    y, st = conv(proj[rows].view(end - first, 1, -1), part[j])
+                    parts.append(y.view(shape))
+                    new_states[j].append(st)
+                o = ops.kda_recurrent_slots(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), pool,
+                                            slots[first:end])
             else:
-                o, st = ops.kda_chunk(*parts, g[rows].view(shape), beta[rows].view(shape[:3]), pool[run_slots],
-                                      chunk_size=KDA_CHUNK_SIZE)
-                pool[run_slots] = st
+                starts = seqs.query_start[first:end + 1] - qs[first]
+                host = tuple(x - qs[first] for x in qs[first:end + 1])
+                shape = (rows.stop - rows.start, self.heads, self.head_dim)
+                for j, (conv, proj) in enumerate(convs):
+                    y, st = conv.varlen(proj[rows], starts, part[j])
+                    parts.append(y.view(shape))
+                    new_states[j].append(st)
+                o = ops.kda_chunk_varlen(*parts, g[rows], beta[rows], starts, host, pool, slots[first:end],
+                                         chunk_size=KDA_CHUNK_SIZE)
             outs.append(o.reshape(-1, self.heads, self.head_dim))
         for name, parts in zip(names, new_states):
             cache[name] = torch.cat(parts)
@@ -197,6 +210,18 @@ class DeltaAttention(nn.Module):
         out = ops.gated_rms_norm(o, gate, self.o_norm.weight, self.eps)
         return self.o_proj(out.reshape(n, -1))
 
+
+
+def _segments(runs) -> list[tuple[int, int, bool]]:
+    """(first, end, decodes) of consecutive runs (SeqBatch.runs): decodes (one token each) or prompt chunks
+    of any lengths together, so that a step's prompts take one varlen KDA call."""
+    out: list[tuple[int, int, bool]] = []
+    for first, end, t in runs:
+        if out and out[-1][2] == (t == 1):
+            out[-1] = (out[-1][0], end, t == 1)
+        else:
+            out.append((first, end, t == 1))
+    return out
 
 
 class MLAttention(nn.Module):

@@ -22,8 +22,10 @@ from dayzero.ops.attention_gqa import gqa_attention, paged_gqa_attention
 from dayzero.ops.attention_mla import mla_attention, paged_mla_attention, paged_sparse_mla_attention, sparse_mla_attention
 from dayzero.ops.dsa import lightning_indexer, paged_index_topk, topk_select
 from dayzero.ops.attention_v4 import kv_compressor, sparse_attention, v4_index_topk, v4_indexer, v4_topk_select
+from dayzero.ops.attention_v4_paged import paged_v4_attention, paged_v4_index_topk
 from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
-from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, kda_recurrent_slots, short_conv1d
+from dayzero.ops.kda import (gated_rms_norm, kda_chunk, kda_chunk_varlen, kda_gate, kda_recurrent, kda_recurrent_slots,
+                             short_conv1d, short_conv1d_varlen)
 from dayzero.ops.k3 import attention_residual, situ
 import dayzero.kernels  # noqa: E402,F401  (registers the Triton kernels; imports Triton only at their first call)
 

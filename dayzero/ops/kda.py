@@ -54,6 +54,53 @@ def short_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | No
     return y.transpose(1, 2).to(x.dtype), window[:, :, window.shape[2] - width:].contiguous()
 
 
+@reference_op("short_conv1d_varlen")
+def short_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, query_start: torch.Tensor,
+                        state: torch.Tensor | None = None, activation: str | None = "silu"
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`short_conv1d` of B sequences packed in one row (a step's prompt chunks of different lengths).
+
+    x [N, D] the sequences' tokens one after another; query_start int [B + 1] (device) where each starts;
+    state [B, D, K-1] each sequence's K-1 inputs before its tokens (None: zeros). Every window is
+    gathered at once (token t of a sequence reads its inputs t - K + 1 ... t, the ones before the
+    sequence's first from its state): no loop over the sequences and no host synchronisation.
+    Returns (y [N, D] in x.dtype, new states [B, D, K-1] in x.dtype)."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[-1]:
+        raise ValueError(f"short_conv1d_varlen: x must be [tokens, channels] and weight [channels, kernel]; "
+                         f"got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if query_start.dim() != 1 or query_start.shape[0] < 2:
+        raise ValueError(f"short_conv1d_varlen: query_start must be [batch + 1], got {tuple(query_start.shape)}")
+    if activation not in ("silu", None):
+        raise ValueError(f"short_conv1d_varlen: activation must be 'silu' or None, got {activation!r}")
+    n, d = x.shape
+    b, width = query_start.shape[0] - 1, weight.shape[1] - 1
+    if state is None:
+        state = x.new_zeros(b, d, width)
+    elif state.shape != (b, d, width):
+        raise ValueError(f"short_conv1d_varlen: state must be [batch={b}, channels={d}, kernel-1={width}], "
+                         f"got {tuple(state.shape)}")
+    starts = query_start.long()
+    # rows of ext: every sequence's state (K-1 rows each, oldest first), then the packed tokens
+    ext = torch.cat([state.to(x.dtype).transpose(1, 2).reshape(b * width, d), x])
+
+    def rows(seq: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+        """ext rows of local times `local` [M, K'] (negative: the state's) of sequences `seq` [M]."""
+        token = starts[seq][:, None] + local
+        return torch.where(local >= 0, b * width + token, seq[:, None] * width + width + local)
+
+    taps = torch.arange(width + 1, device=x.device)
+    seq = torch.searchsorted(starts[1:], torch.arange(n, device=x.device), right=True)
+    local = (torch.arange(n, device=x.device) - starts[seq])[:, None] - width + taps[None, :]  # [N, K]
+    window = ext[rows(seq, local)].float()  # [N, K, D]
+    y = (window * weight.float().t()[None]).sum(1)
+    if activation == "silu":
+        y = F.silu(y)
+    every = torch.arange(b, device=x.device)
+    last = (starts[1:] - starts[:-1])[:, None] - width + taps[None, :width]  # its last K-1 inputs
+    new_state = ext[rows(every, last)].transpose(1, 2).contiguous()  # [B, D, K-1]
+    return y.to(x.dtype), new_state
+
+
 @reference_op("kda_gate")
 def kda_gate(raw: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor | None = None,
              lower_bound: float | None = None) -> torch.Tensor:
@@ -192,6 +239,33 @@ def kda_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
         last = cum[:, :, -1:]  # G_L [B, H, 1, dk]
         s = last.transpose(-1, -2).exp() * s + (kc * (last - cum).exp()).transpose(-1, -2) @ u
     return o.transpose(1, 2).to(out_dtype), s
+
+
+@reference_op("kda_chunk_varlen")
+def kda_chunk_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     query_start: torch.Tensor, query_start_host: tuple[int, ...], pool: torch.Tensor,
+                     slots: torch.Tensor, scale: float | None = None, l2norm_qk: bool = True,
+                     chunk_size: int = 64) -> torch.Tensor:
+    """`kda_chunk` of B prompt chunks of different lengths packed in one row, each continuing from its
+    request's state pool[slots[b]] and leaving its final state there (a step's prefills in one call).
+
+    q, k [N, H, dk]; v [N, H, dv]; g float [N, H, dk]; beta [N, H]; query_start int [B + 1] on the
+    device and query_start_host the same on the host; pool float32 [S, H, dk, dv]; slots int [B].
+    The reference runs `kda_chunk` sequence by sequence. Returns o [N, H, dv] in q.dtype."""
+    if q.dim() != 3 or len(query_start_host) != slots.shape[0] + 1 or query_start_host[-1] != q.shape[0]:
+        raise ValueError(f"kda_chunk_varlen: q must be [tokens, heads, dk] with query_start_host ending at its "
+                         f"{q.shape[0]} tokens, one slot a sequence; got q {tuple(q.shape)}, "
+                         f"{len(query_start_host) - 1} sequences, {slots.shape[0]} slots")
+    if pool.dim() != 4 or pool.dtype != torch.float32 or pool.shape[1:] != (q.shape[1], q.shape[2], v.shape[-1]):
+        raise ValueError(f"kda_chunk_varlen: pool must be float32 [slots, heads, dk, dv] = [S, {q.shape[1]}, "
+                         f"{q.shape[2]}, {v.shape[-1]}], got {pool.dtype} {tuple(pool.shape)}")
+    o = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    for i, (a, e) in enumerate(zip(query_start_host, query_start_host[1:])):
+        part = [t[a:e][None] for t in (q, k, v, g, beta)]
+        out, final = kda_chunk(*part, pool[slots[i:i + 1]], scale, l2norm_qk, chunk_size)
+        o[a:e] = out[0]
+        pool[slots[i:i + 1]] = final
+    return o
 
 
 @reference_op("gated_rms_norm")

@@ -33,9 +33,13 @@ KV_COMPRESSOR = "kv_compressor"  # DeepSeek-V4 CSA/HCA compression of ratio-toke
 SPARSE_ATTENTION = "sparse_attention"  # DeepSeek-V4: window + selected compressed entries, with sinks
 V4_INDEXER = "v4_indexer"  # DeepSeek-V4 indexer scores over compressed entries (visibility by window)
 V4_TOPK_SELECT = "v4_topk_select"
-V4_INDEX_TOPK = "v4_index_topk"  # both: the CSA indexer's selection, what the model calls
+V4_INDEX_TOPK = "v4_index_topk"  # both: the CSA indexer's selection, what the model calls (prefill)
+PAGED_V4_INDEX_TOPK = "paged_v4_index_topk"  # the same for decodes, over the paged index keys in place
+PAGED_V4_ATTENTION = "paged_v4_attention"  # sparse_attention for decodes, over the paged streams in place
 SHORT_CONV1D = "short_conv1d"
-KDA_CHUNK = "kda_chunk"  # prefill
+KDA_CHUNK = "kda_chunk"  # prefill of [B, T] blocks
+KDA_CHUNK_VARLEN = "kda_chunk_varlen"  # a step's prompt chunks packed, states in their slots (what models call)
+SHORT_CONV1D_VARLEN = "short_conv1d_varlen"
 KDA_RECURRENT = "kda_recurrent"  # decode of [B, T] states (kda_recurrent_slots is what the models call)
 KDA_RECURRENT_SLOTS = "kda_recurrent_slots"  # decode, states updated in their pool
 KDA_GATE = "kda_gate"  # per-channel log decay from the raw forget gate (plain or lower-bounded)
@@ -61,7 +65,8 @@ VISION_ENCODER = "vision_encoder"
 ALL_OPS = (
     RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, ROPE_KV_WRITE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
     MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
-    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, V4_INDEX_TOPK, SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT, KDA_RECURRENT_SLOTS,
+    SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, V4_INDEX_TOPK, PAGED_V4_INDEX_TOPK, PAGED_V4_ATTENTION,
+    SHORT_CONV1D, SHORT_CONV1D_VARLEN, KDA_GATE, KDA_CHUNK, KDA_CHUNK_VARLEN, KDA_RECURRENT, KDA_RECURRENT_SLOTS,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
     SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_ENCODER,
@@ -91,12 +96,12 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
         if a.kind in ("csa", "hca"):
             ops.append(KV_COMPRESSOR)
         if a.kind == "csa":
-            ops += [V4_INDEX_TOPK]
-        ops.append(SPARSE_ATTENTION)
+            ops += [V4_INDEX_TOPK, PAGED_V4_INDEX_TOPK]
+        ops += [SPARSE_ATTENTION, PAGED_V4_ATTENTION]
     elif a.kind in ("swa", "gqa"):
         ops += [ROPE_KV_WRITE, GQA_ATTENTION]
     else:  # kda
-        ops += [SHORT_CONV1D, KDA_GATE, KDA_CHUNK, KDA_RECURRENT_SLOTS, GATED_RMS_NORM]
+        ops += [SHORT_CONV1D, SHORT_CONV1D_VARLEN, KDA_GATE, KDA_CHUNK_VARLEN, KDA_RECURRENT_SLOTS, GATED_RMS_NORM]
     return ops
 
 

@@ -88,3 +88,28 @@ def test_fla_decode_updates_the_pool_in_place(batch):
     others = torch.ones(pool.shape[0], dtype=torch.bool, device="cuda")
     others[slots] = False
     assert torch.equal(pool[others], want_pool[others])
+
+
+@cuda
+@pytest.mark.skipif(not fla_available(), reason="needs fla-core (pip install fla-core einops)")
+@pytest.mark.parametrize("seed", range(3))
+def test_fla_varlen_prompts_match_the_reference_and_their_slots(seed):
+    """A step's prompt chunks of random lengths (one token, a part chunk, several chunks) packed through
+    fla's cu_seqlens, each from and back to its slot, against the reference's sequence-by-sequence run."""
+    rng = random.Random(seed)
+    lengths = [rng.choice((1, 7, 64, 65, 300)) for _ in range(rng.randint(1, 6))]
+    h, dk = 32, 128
+    q, k, v, g, beta, _ = _inputs(seed, 1, sum(lengths), h, dk, dk, torch.bfloat16, "cuda", False)
+    q, k, v, g, beta = (x[0] for x in (q, k, v, g, beta))
+    pool = torch.randn(len(lengths) + 3, h, dk, dk, generator=torch.Generator().manual_seed(seed)).cuda() * 0.1
+    slots = torch.randperm(pool.shape[0])[:len(lengths)].cuda()
+    host = tuple(torch.tensor([0] + lengths).cumsum(0).tolist())
+    starts = torch.tensor(host, dtype=torch.int32, device="cuda")
+    want_pool = pool.clone()
+    with REGISTRY.force_backend("reference"):
+        want = ops.kda_chunk_varlen(q, k, v, g, beta, starts, host, want_pool, slots)
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        got = ops.kda_chunk_varlen(q, k, v, g, beta, starts, host, pool, slots)
+    assert calls == {"kda_chunk_varlen@fla": 1}
+    assert (got.float() - want.float()).abs().max() / want.float().abs().max() <= 2e-2
+    assert (pool - want_pool).abs().max() / want_pool.abs().max() <= 2e-2

@@ -183,8 +183,9 @@ def test_unsupported_options_are_refused_by_inspect_and_loader(tmp_path, field, 
 
 def test_a_decode_step_runs_every_sequence_in_one_block_whatever_its_window_phase(checkpoint):
     """Sequences at every position modulo the CSA ratio (and one completing an HCA window) decode in one
-    block: each compressor runs once per step (not once per phase), and the batch's tokens equal each
-    prompt's alone."""
+    block, reading the paged streams in place: each compressor and the paged attention run once per step
+    and layer (not once per phase), the gathered sparse_attention not at all, and the batch's tokens equal
+    each prompt's alone."""
     from dayzero import LLM, SamplingParams
     from dayzero.ops.registry import REGISTRY
 
@@ -201,8 +202,10 @@ def test_a_decode_step_runs_every_sequence_in_one_block_whatever_its_window_phas
                 tokens[update.request_id] += update.new_token_ids
         calls.append(dict(step_calls))
     compressors = sum(2 if r == 4 else 1 for r in TINY_V4["compress_ratios"] if r)  # CSA: attention + indexer
-    decodes = [c for c in calls if c.get("sparse_attention") == len(TINY_V4["compress_ratios"])]
-    assert len(decodes) >= 4 and all(c["kv_compressor"] == compressors for c in decodes), calls
+    layers = len(TINY_V4["compress_ratios"])
+    decodes = [c for c in calls if c.get("paged_v4_attention") == layers and "sparse_attention" not in c]  # no prefill
+    assert len(decodes) >= 4 and all(c["kv_compressor"] == compressors and c["paged_v4_index_topk"] == TINY_V4["compress_ratios"].count(4)
+                                     for c in decodes), calls
     batched = [tokens[f"r{i}"] for i in range(len(prompts))]
     alone = [o.token_ids for p in prompts for o in llm.generate([p], params)]
     assert batched == alone

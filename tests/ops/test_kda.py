@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dayzero.ops.kda import gated_rms_norm, kda_chunk, kda_gate, kda_recurrent, kda_recurrent_slots, short_conv1d
+from dayzero.ops.kda import (gated_rms_norm, kda_chunk, kda_chunk_varlen, kda_gate, kda_recurrent, kda_recurrent_slots,
+                             short_conv1d, short_conv1d_varlen)
 
 
 @pytest.fixture(autouse=True)
@@ -175,6 +176,43 @@ def test_kda_recurrent_slots_updates_only_its_slots_in_place():
         kda_recurrent_slots(q, k, v, g, beta, pool[:, :1], slots)
     with pytest.raises(ValueError, match="slots must be int"):
         kda_recurrent_slots(q, k, v, g, beta, pool, slots[:2])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_short_conv1d_varlen_equals_each_sequence_alone(seed):
+    """Packed sequences of random lengths (shorter and longer than the kernel's K - 1 = 3, one token too),
+    each continuing from its own state (or zeros): the loop's outputs and last inputs, sequence by sequence."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 9, (int(torch.randint(1, 5, (1,), generator=g)),), generator=g).tolist()
+    d, kernel = 6, 4
+    weight = torch.randn(d, kernel, generator=g)
+    x = torch.randn(sum(lengths), d, generator=g)
+    state = None if seed % 2 else torch.randn(len(lengths), d, kernel - 1, generator=g)
+    starts = torch.tensor([0] + lengths).cumsum(0)
+    y, new = short_conv1d_varlen(x, weight, starts, state)
+    assert y.shape == x.shape and new.shape == (len(lengths), d, kernel - 1)
+    for i, (a, e) in enumerate(zip(starts.tolist(), starts[1:].tolist())):
+        st = torch.zeros(1, d, kernel - 1) if state is None else state[i:i + 1]
+        want_y, want_s = _conv_loop(x[None, a:e], weight, st)
+        assert (y[a:e].double() - want_y[0]).abs().max() <= 1e-5
+        assert torch.allclose(new[i].double(), want_s[0])
+
+
+def test_kda_chunk_varlen_gives_each_sequence_its_kda_chunk_and_state():
+    lengths, h, dk, dv = [5, 1, 70, 33], 2, 16, 8
+    parts = [_inputs(1, t, h, dk, dv) for t in lengths]
+    q, k, v, g, beta = (torch.cat([p[i][0] for p in parts]) for i in range(5))
+    pool = torch.randn(9, h, dk, dv)
+    slots = torch.tensor([7, 2, 0, 5])
+    before = pool.clone()
+    host = tuple(torch.tensor([0] + lengths).cumsum(0).tolist())
+    o = kda_chunk_varlen(q, k, v, g, beta, torch.tensor(host), host, pool, slots, chunk_size=16)
+    for i, (a, e) in enumerate(zip(host, host[1:])):
+        want_o, want_s = kda_recurrent(*(x[None] for x in (q[a:e], k[a:e], v[a:e], g[a:e], beta[a:e])),
+                                       before[slots[i]][None])
+        assert (o[a:e] - want_o[0]).abs().max() <= 1e-5 and (pool[slots[i]] - want_s[0]).abs().max() <= 1e-5
+    untouched = torch.tensor([1, 3, 4, 6, 8])
+    assert torch.equal(pool[untouched], before[untouched])
 
 
 def test_kda_chunk_continues_from_its_state():

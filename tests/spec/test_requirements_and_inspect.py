@@ -29,14 +29,15 @@ def test_required_ops_per_kind():
     assert {req.INDEX_TOPK, req.SPARSE_MLA_ATTENTION, req.LAYER_NORM} <= set(_ops("deepseek-v3.2", 3))
     hca_hash = _ops("deepseek-v4-pro", 0)
     assert {req.KV_COMPRESSOR, req.SPARSE_ATTENTION, req.ROUTE_HASH, req.MOE_EXPERTS_MXFP4, req.HYPER_CONNECTION} <= set(hca_hash)
-    assert req.V4_INDEX_TOPK not in hca_hash
-    assert {req.V4_INDEX_TOPK, req.ROUTE_SQRTSOFTPLUS} <= set(_ops("deepseek-v4-pro", 4))
+    assert req.V4_INDEX_TOPK not in hca_hash and req.PAGED_V4_ATTENTION in hca_hash  # decodes: paged in place
+    assert {req.V4_INDEX_TOPK, req.PAGED_V4_INDEX_TOPK, req.ROUTE_SQRTSOFTPLUS} <= set(_ops("deepseek-v4-pro", 4))
     assert req.KV_COMPRESSOR not in _ops("deepseek-v4-flash", 0)  # window-only layer
     oss = _ops("gpt-oss-120b", 0)
     assert {req.GQA_ATTENTION, req.ROUTE_SOFTMAX_TOPK, req.MOE_EXPERTS_MXFP4, req.SWIGLU_CLAMPED, req.LINEAR} <= set(oss)
     k3 = load_spec(config("kimi-k3"))
     kda = req.required_ops(k3.layers[1])
-    assert {req.SHORT_CONV1D, req.KDA_CHUNK, req.KDA_RECURRENT_SLOTS, req.GATED_RMS_NORM, req.SITU, req.ATTENTION_RESIDUAL} <= set(kda)
+    assert {req.SHORT_CONV1D_VARLEN, req.KDA_CHUNK_VARLEN, req.KDA_RECURRENT_SLOTS, req.GATED_RMS_NORM, req.SITU,
+            req.ATTENTION_RESIDUAL} <= set(kda)
     mla = req.required_ops(k3.layers[3])
     assert req.MLA_ATTENTION in mla and req.ROPE not in mla  # NoPE MLA
     assert all(op in req.ALL_OPS for layer in k3.layers for op in req.required_ops(layer))

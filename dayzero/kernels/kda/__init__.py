@@ -9,7 +9,9 @@ The contracts are the same: q, k [B, T, H, dk], v [B, T, H, dv], g float log dec
 `kda_gate`, so the gate is not recomputed in the kernel), beta [B, T, H] in (0, 1) (already a sigmoid),
 state float32 [B, H, dk, dv] (fla's [N, HV, K, V] with N = B and no grouped values), scale default
 dk^-0.5, q and k L2-normalised in the kernel when l2norm_qk; returns (o in q's dtype, final state
-float32). chunk_size is the reference's own detail: fla chunks by 64 (kimi_linear.KDA_CHUNK_SIZE)."""
+float32). chunk_size is the reference's own detail: fla chunks by 64 (kimi_linear.KDA_CHUNK_SIZE).
+kda_chunk_varlen: a step's prompt chunks packed [N, H, d] (fla's cu_seqlens, B = 1), their states read
+from and written back to the requests' slots of the pool."""
 
 from __future__ import annotations
 
@@ -66,6 +68,31 @@ def kda_chunk(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_si
     return o.to(q.dtype), final.float()
 
 
+def supports_kda_varlen(q, k, v, g, beta, query_start, query_start_host, pool, slots, scale=None, l2norm_qk=True,
+                        chunk_size=64) -> bool:
+    """Packed [N, H, d] prompts of q's dtype on CUDA, the pool as supports_kda_slots wants it."""
+    if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in (q, k, v, g, beta, query_start, pool, slots)):
+        return False
+    return (q.dim() == 3 and supports_kda(q[None], k[None], v[None], g[None], beta[None]) and pool.dtype == torch.float32
+            and pool.is_contiguous() and tuple(pool.shape[1:]) == (q.shape[1], q.shape[2], v.shape[2])
+            and slots.dim() == 1 and slots.shape[0] == len(query_start_host) - 1 == query_start.shape[0] - 1
+            and query_start_host[-1] == q.shape[0])
+
+
+def kda_chunk_varlen(q, k, v, g, beta, query_start, query_start_host, pool, slots, scale=None, l2norm_qk=True,
+                     chunk_size=64):
+    """fla's chunk kernel over the packed prompts (cu_seqlens, with the host copy so it reads no device
+    value), from and back to the requests' slots."""
+    from fla.ops.kda import chunk_kda
+
+    cu = query_start.long()
+    o, final = chunk_kda(q[None], k[None], v[None], g[None].float(), beta[None], scale=scale,
+                         initial_state=pool[slots], output_final_state=True, use_qk_l2norm_in_kernel=l2norm_qk,
+                         cu_seqlens=cu, cu_seqlens_cpu=torch.tensor(query_start_host, dtype=torch.long))
+    pool[slots] = final.float()
+    return o[0].to(q.dtype)
+
+
 def kda_recurrent(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True):
     from fla.ops.kda import fused_recurrent_kda
 
@@ -91,3 +118,5 @@ REGISTRY.register_kernel("kda_recurrent", kda_recurrent, backend="fla", devices=
                          available=fla_available, supports=supports_kda)
 REGISTRY.register_kernel("kda_recurrent_slots", kda_recurrent_slots, backend="fla", devices=["cuda"],
                          priority=PRIORITY, available=fla_available, supports=supports_kda_slots)
+REGISTRY.register_kernel("kda_chunk_varlen", kda_chunk_varlen, backend="fla", devices=["cuda"], priority=PRIORITY,
+                         available=fla_available, supports=supports_kda_varlen)

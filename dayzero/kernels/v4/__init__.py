@@ -14,7 +14,11 @@ CUDA; importing this package imports no Triton.
     _index       v4_index_topk "triton": the CSA indexer's scores reduced over the heads in the kernel as
                  int64 order keys (DSA's), chunked over rows, then torch.topk (dayzero/kernels/dsa/_topk.py)
 
-Not yet: the attention and the CSA indexer reading the paged streams in place (issue 28).
+    _paged       paged_v4_index_topk and paged_v4_attention "triton": a decode step's rows read the paged
+                 streams in place through their block tables (the same math as _index and _attention),
+                 sizes from the launch, lengths from the device: what a captured decode graph needs
+
+Not yet: FP8 streams in the paged kernels (they take the reference), prefill blocks in place.
 """
 
 from __future__ import annotations
@@ -107,6 +111,48 @@ def v4_index_topk(*args, **kwargs):
     return _index.v4_index_topk(*args, **kwargs)
 
 
+def _stream_ok(stream, q) -> bool:
+    """A stream the paged kernels read: entries [D] of q's dtype (no FP8 scales), rows of unit stride."""
+    return (stream is not None and stream.scales is None and stream.data.is_cuda and stream.data.dtype == q.dtype
+            and stream.data.dim() == 3 and stream.data.shape[2] == q.shape[-1] and stream.data.stride(2) == 1
+            and stream.block_table.dtype == torch.int32 and stream.block_table.shape[0] >= q.shape[0])
+
+
+def _rows_ok(q, positions) -> bool:
+    return (isinstance(q, torch.Tensor) and q.is_cuda and q.dtype in DTYPES and q.dim() == 3 and q.is_contiguous()
+            and positions.dtype == torch.int64 and positions.shape == (q.shape[0],) and positions.is_contiguous())
+
+
+def supports_paged_v4_index_topk(q, keys, weights, positions, ratio, k) -> bool:
+    return (_rows_ok(q, positions) and _stream_ok(keys, q) and q.shape[1] <= MAX_INDEX_HEADS
+            and q.shape[2] <= MAX_INDEX_DIM and weights.shape == q.shape[:2] and weights.is_floating_point()
+            and weights.is_contiguous() and isinstance(k, int) and k >= 1 and int(ratio) >= 1)
+
+
+def supports_paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compressed=None, indices=None,
+                                ratio=None) -> bool:
+    if not (_rows_ok(q, positions) and _stream_ok(window, q) and q.shape[2] <= MAX_HEAD_DIM and sliding_window >= 1):
+        return False
+    if not (sinks.shape == (q.shape[1],) and sinks.dtype == torch.float32 and sinks.is_contiguous()):
+        return False
+    if compressed is None:
+        return indices is None
+    return _stream_ok(compressed, q) and bool(ratio) and (
+        indices is None or (indices.dtype == torch.int64 and indices.dim() == 2 and indices.shape[0] == q.shape[0]))
+
+
+def paged_v4_index_topk(*args, **kwargs):
+    from dayzero.kernels.v4 import _paged
+
+    return _paged.paged_v4_index_topk(*args, **kwargs)
+
+
+def paged_v4_attention(*args, **kwargs):
+    from dayzero.kernels.v4 import _paged
+
+    return _paged.paged_v4_attention(*args, **kwargs)
+
+
 def kv_compressor(*args, **kwargs):
     from dayzero.kernels.v4 import _compressor
 
@@ -119,3 +165,7 @@ REGISTRY.register_kernel("v4_index_topk", v4_index_topk, backend="triton", devic
                          available=triton_cuda, supports=supports_v4_index_topk)
 REGISTRY.register_kernel("kv_compressor", kv_compressor, backend="triton", devices=["cuda"], priority=PRIORITY,
                          available=triton_cuda, supports=supports_kv_compressor)
+REGISTRY.register_kernel("paged_v4_index_topk", paged_v4_index_topk, backend="triton", devices=["cuda"],
+                         priority=PRIORITY, available=triton_cuda, supports=supports_paged_v4_index_topk)
+REGISTRY.register_kernel("paged_v4_attention", paged_v4_attention, backend="triton", devices=["cuda"],
+                         priority=PRIORITY, available=triton_cuda, supports=supports_paged_v4_attention)

@@ -38,6 +38,22 @@ def _tile(q, acc, m, l, k_ptrs, ok, dm, qk_scale, DOT: tl.constexpr, PRECISION: 
 
 
 @triton.jit
+def _start(q_ptr, sink_ptr, row, H, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """A program's heads (and mask), dims (and mask), its query tile q [BLOCK_H, BLOCK_D] of row `row`, and
+    the online softmax's start from the sinks: acc 0, max m = sink (base 2), sum l = 1 (the sink's weight)."""
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = heads < H
+    cols = tl.arange(0, BLOCK_D)
+    dm = cols < D
+    q = tl.load(q_ptr + (row * H + heads[:, None]) * D + cols[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+    LOG2E: tl.constexpr = 1.4426950408889634
+    m = tl.load(sink_ptr + heads, mask=hm, other=0.0).to(tl.float32) * LOG2E
+    l = tl.full([BLOCK_H], 1.0, tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    return heads, hm, cols, dm, q, acc, m, l
+
+
+@triton.jit
 def _csa_tile(q, acc, m, l, comp_ptr, idx_ptr, row, b, i, n, N, cols, dm, qk_scale, D: tl.constexpr, TOPK: tl.constexpr,
               BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
     j = i * BLOCK_N + n
@@ -65,15 +81,7 @@ def _attention_kernel(q_ptr, kv_ptr, sink_ptr, comp_ptr, idx_ptr, pos_ptr, kvlen
                       DOT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # b * T + t
     b, t = row // T, row % T
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    hm = heads < H
-    cols = tl.arange(0, BLOCK_D)
-    dm = cols < D
-    q = tl.load(q_ptr + (row * H + heads[:, None]) * D + cols[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
-    LOG2E: tl.constexpr = 1.4426950408889634
-    m = tl.load(sink_ptr + heads, mask=hm, other=0.0).to(tl.float32) * LOG2E  # the sink: weight 1 at m
-    l = tl.full([BLOCK_H], 1.0, tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+    heads, hm, cols, dm, q, acc, m, l = _start(q_ptr, sink_ptr, row, H, D, BLOCK_H, BLOCK_D)
     me = S - T + t  # the query's index among the window keys
     first = tl.maximum(me - (WINDOW - 1), 0)
     if HAS_KVLEN:

@@ -24,6 +24,23 @@ SCORE_BYTES = 1 << 29
 
 
 @triton.jit
+def _score(k_rows, ok, q_ptr, w_ptr, row, H, scale, head_scale, D: tl.constexpr, BLOCK_H: tl.constexpr,
+           BLOCK_D: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """[BLOCK_N] float32 indexer scores of the keys whose rows start at k_rows [BLOCK_N, 1] (`ok` the ones
+    to read) against row `row`'s heads: sum_h w[h] head_scale relu(q[h] . k) scale."""
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    heads = tl.arange(0, BLOCK_H)
+    hm = heads < H
+    k = tl.load(k_rows + d[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
+    q = tl.load(q_ptr + (row * H + heads[:, None]) * D + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+    w = tl.load(w_ptr + row * H + heads, mask=hm, other=0.0).to(tl.float32) * head_scale
+    s = tl.dot(k.to(DOT), tl.trans(q.to(DOT)), input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]
+    s = tl.maximum(s, 0.0) * scale
+    return tl.sum(s * w[None, :], 1)
+
+
+@triton.jit
 def _scores_kernel(q_ptr, w_ptr, k_ptr, pos_ptr, len_ptr, out_ptr, r0, T, N, H, scale, head_scale, ratio, stride_on,
                    D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                    HAS_LEN: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
@@ -37,16 +54,8 @@ def _scores_kernel(q_ptr, w_ptr, k_ptr, pos_ptr, len_ptr, out_ptr, r0, T, N, H, 
         shift = N - tl.load(len_ptr + b)
     number = cols - shift
     ok = (cols < N) & (number >= 0) & (number < seen)
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    heads = tl.arange(0, BLOCK_H)
-    hm = heads < H
-    k = tl.load(k_ptr + (b * N + cols[:, None]) * D + d[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
-    q = tl.load(q_ptr + (row * H + heads[:, None]) * D + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
-    w = tl.load(w_ptr + row * H + heads, mask=hm, other=0.0).to(tl.float32) * head_scale
-    s = tl.dot(k.to(DOT), tl.trans(q.to(DOT)), input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]
-    s = tl.maximum(s, 0.0) * scale
-    score = tl.sum(s * w[None, :], 1)
+    score = _score(k_ptr + (b * N + cols[:, None]) * D, ok, q_ptr, w_ptr, row, H, scale, head_scale, D, BLOCK_H,
+                   BLOCK_D, DOT, PRECISION)
     tl.store(out_ptr + i * stride_on + cols, tl.where(ok, _order_key(score, cols), INT64_MIN))
 
 

@@ -1,0 +1,179 @@
+"""paged_v4_index_topk and paged_v4_attention (dayzero/ops/attention_v4_paged.py) on CUDA: a decode step's
+rows read the paged streams in place, through their block tables (no gather), with every size taken
+from the host's launch arguments and every length from the device (positions), so a captured graph
+replays for any context up to its width.
+
+Where entry e of a stream of rate r sits: token e * r, page table[b, e * r // block_size], slot
+(e * r % block_size) // r (0 where a page holds one entry), as PagedStream.locations.
+
+    _index_kernel      one program per (row, BLOCK_N entries): the CSA indexer's score of each entry
+                       visible to the row (number < (p + 1) // ratio) against all heads, reduced over the
+                       heads in float32 (v4/_index.py's math and DSA's int64 order keys), INT64_MIN
+                       elsewhere; then torch.topk of each row (dsa/_topk.py), -1 padded to k columns
+    _attention_kernel  one program per (row, BLOCK_H heads): v4/_attention.py's online softmax from the
+                       sinks over the window's tokens (cdiv(window, BLOCK_N) tiles), then CSA's chosen
+                       entries (cdiv(k, BLOCK_N) tiles) or HCA's visible ones (a loop to the row's count;
+                       under the interpreter, which loops to constant bounds, to the launch's width)
+
+Streams of bf16 / fp16 / float32 (FP8 streams take the reference); q's dtype for the products."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dayzero.kernels.attention._mla_decode import interpreting, operand_dtype
+from dayzero.kernels.dsa._index import INT64_MIN, _order_key
+from dayzero.kernels.dsa._topk import best_positions
+from dayzero.kernels.v4._attention import _start, _tile
+from dayzero.kernels.v4._index import _score
+
+INDEX_BLOCK_N = 64
+BLOCK_N = 16  # attention keys a tile (D = 512, as v4/_attention.py)
+SCORE_BYTES = 1 << 29  # int64 keys a chunk of rows holds at most
+
+
+@triton.jit
+def _entry_at(table_ptr, row, stride_t, entry, ok, RATE: tl.constexpr, PAGE: tl.constexpr, PER_BLOCK: tl.constexpr,
+              stride_p, stride_s):
+    """Offsets into a stream's data of entries `entry` of sequence `row` (0 where not ok)."""
+    token = tl.where(ok, entry, 0) * RATE
+    page = tl.load(table_ptr + row * stride_t + token // PAGE, mask=ok, other=0).to(tl.int64)
+    page = tl.maximum(page, 0)
+    slot = 0
+    if PER_BLOCK > 1:
+        slot = (token % PAGE) // RATE
+    return page * stride_p + slot * stride_s
+
+
+@triton.jit
+def _index_kernel(q_ptr, w_ptr, k_ptr, table_ptr, pos_ptr, out_ptr, r0, H, scale, head_scale, stride_t, stride_p,
+                  stride_s, stride_on, D: tl.constexpr, RATE: tl.constexpr, PAGE: tl.constexpr,
+                  PER_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                  DOT: tl.constexpr, PRECISION: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    row = r0 + i
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    seen = (tl.load(pos_ptr + row) + 1) // RATE
+    ok = cols < seen
+    at = _entry_at(table_ptr, row, stride_t, cols, ok, RATE, PAGE, PER_BLOCK, stride_p, stride_s)
+    score = _score(k_ptr + at[:, None], ok, q_ptr, w_ptr, row, H, scale, head_scale, D, BLOCK_H, BLOCK_D, DOT,
+                   PRECISION)
+    tl.store(out_ptr + i * stride_on + cols, tl.where(ok, _order_key(score, cols), INT64_MIN))
+
+
+def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int | None = None):
+    """As dayzero.ops.attention_v4_paged.paged_v4_index_topk (checked by `supports`). max_entries: the most
+    entries a row may see (the host's bound on the launch; default from the table's width)."""
+    b, h, d = q.shape
+    out = torch.full((b, k), -1, dtype=torch.int64, device=q.device)
+    if b == 0:
+        return out
+    rate, page = int(ratio), keys.block_size
+    if max_entries is None:
+        max_entries = keys.block_table.shape[1] * page // rate
+    width = max(INDEX_BLOCK_N, triton.cdiv(max_entries, INDEX_BLOCK_N) * INDEX_BLOCK_N)
+    dot, precision = operand_dtype(q.dtype)
+    block_n = INDEX_BLOCK_N if precision is None else INDEX_BLOCK_N // 4  # IEEE float32 products: no spills
+    chunk = max(1, SCORE_BYTES // (8 * width))
+    scores = torch.empty((min(chunk, b), width), dtype=torch.int64, device=q.device)
+    data, table = keys.data, keys.block_table
+    for r0 in range(0, b, chunk):
+        r1 = min(b, r0 + chunk)
+        part = scores[:r1 - r0]
+        _index_kernel[(r1 - r0, width // block_n)](
+            q, weights, data, table, positions, part, r0, h, d ** -0.5, h ** -0.5, table.stride(0), data.stride(0),
+            data.stride(1), part.stride(0), D=d, RATE=rate, PAGE=page, PER_BLOCK=keys.per_block, BLOCK_N=block_n,
+            BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), DOT=dot,
+            PRECISION=precision)
+        idx = best_positions(part, k)
+        out[r0:r1, :idx.shape[1]] = idx
+    return out
+
+
+@triton.jit
+def _csa_tile(q, acc, m, l, i, n, c_ptr, c_table, idx_ptr, row, seen, cols, dm, qk_scale, stride_ct, stride_cp,
+              stride_cs, RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr, TOPK: tl.constexpr,
+              BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    j = i * BLOCK_N + n
+    e = tl.load(idx_ptr + row * TOPK + j, mask=j < TOPK, other=-1)
+    ok = (e >= 0) & (e < seen)
+    at = _entry_at(c_table, row, stride_ct, e, ok, RATE, C_PAGE, C_PER_BLOCK, stride_cp, stride_cs)
+    return _tile(q, acc, m, l, c_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+
+
+@triton.jit
+def _attention_kernel(q_ptr, w_ptr, w_table, sink_ptr, c_ptr, c_table, idx_ptr, pos_ptr, out_ptr, H, qk_scale,
+                      stride_wt, stride_wp, stride_ws, stride_ct, stride_cp, stride_cs,
+                      D: tl.constexpr, WINDOW: tl.constexpr, W_PAGE: tl.constexpr, W_PER_BLOCK: tl.constexpr,
+                      RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW_TILES: tl.constexpr,
+                      EXTRA_TILES: tl.constexpr, MODE: tl.constexpr, TOPK: tl.constexpr, DOT: tl.constexpr,
+                      PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    heads, hm, cols, dm, q, acc, m, l = _start(q_ptr, sink_ptr, row, H, D, BLOCK_H, BLOCK_D)
+    p = tl.load(pos_ptr + row)
+    first = tl.maximum(p - (WINDOW - 1), 0)
+    n = tl.arange(0, BLOCK_N)
+    for i in tl.static_range(WINDOW_TILES):
+        tok = first + i * BLOCK_N + n
+        ok = tok <= p
+        at = _entry_at(w_table, row, stride_wt, tok, ok, 1, W_PAGE, W_PER_BLOCK, stride_wp, stride_ws)
+        acc, m, l = _tile(q, acc, m, l, w_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+    seen = (p + 1) // RATE
+    if MODE == 1:  # CSA: the chosen entries (-1 unused; never past what the row sees)
+        if INTERPRET:
+            for i in tl.static_range(EXTRA_TILES):
+                acc, m, l = _csa_tile(q, acc, m, l, i, n, c_ptr, c_table, idx_ptr, row, seen, cols, dm, qk_scale,
+                                      stride_ct, stride_cp, stride_cs, RATE, C_PAGE, C_PER_BLOCK, TOPK, BLOCK_N, DOT,
+                                      PRECISION)
+        else:  # a loop, not unrolled (top-512: 32 tiles)
+            for i in range(0, EXTRA_TILES):
+                acc, m, l = _csa_tile(q, acc, m, l, i, n, c_ptr, c_table, idx_ptr, row, seen, cols, dm, qk_scale,
+                                      stride_ct, stride_cp, stride_cs, RATE, C_PAGE, C_PER_BLOCK, TOPK, BLOCK_N, DOT,
+                                      PRECISION)
+    if MODE == 2:  # HCA: every visible entry
+        if INTERPRET:
+            for i in tl.static_range(EXTRA_TILES):
+                e = i * BLOCK_N + n
+                ok = e < seen
+                at = _entry_at(c_table, row, stride_ct, e, ok, RATE, C_PAGE, C_PER_BLOCK, stride_cp, stride_cs)
+                acc, m, l = _tile(q, acc, m, l, c_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+        else:
+            for i in range(0, tl.cdiv(seen, BLOCK_N)):
+                e = i * BLOCK_N + n
+                ok = e < seen
+                at = _entry_at(c_table, row, stride_ct, e, ok, RATE, C_PAGE, C_PER_BLOCK, stride_cp, stride_cs)
+                acc, m, l = _tile(q, acc, m, l, c_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+    out = acc / l[:, None]
+    tl.store(out_ptr + (row * H + heads[:, None]) * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=hm[:, None] & dm[None, :])
+
+
+def paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compressed=None, indices=None, ratio=None):
+    """As dayzero.ops.attention_v4_paged.paged_v4_attention (checked by `supports`)."""
+    b, h, d = q.shape
+    out = torch.empty_like(q)
+    if out.numel() == 0:
+        return out
+    mode = 0 if compressed is None else (1 if indices is not None else 2)
+    comp = compressed if compressed is not None else window
+    topk = indices.shape[1] if mode == 1 else 0
+    extra = 0
+    if mode == 1:
+        extra = triton.cdiv(topk, BLOCK_N)
+        indices = indices.contiguous()
+    elif mode == 2 and interpreting():
+        extra = triton.cdiv(comp.block_table.shape[1] * comp.block_size // int(ratio), BLOCK_N)
+    dot, precision = operand_dtype(q.dtype)
+    block_h = 16
+    _attention_kernel[(b, triton.cdiv(h, block_h))](
+        q, window.data, window.block_table, sinks, comp.data, comp.block_table, indices if mode == 1 else positions,
+        positions, out, h, float(scale) * 1.4426950408889634, window.block_table.stride(0), window.data.stride(0),
+        window.data.stride(1), comp.block_table.stride(0), comp.data.stride(0), comp.data.stride(1), D=d,
+        WINDOW=int(sliding_window), W_PAGE=window.block_size, W_PER_BLOCK=window.per_block, RATE=int(ratio or 1),
+        C_PAGE=comp.block_size, C_PER_BLOCK=comp.per_block, BLOCK_H=block_h, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_N=BLOCK_N, WINDOW_TILES=triton.cdiv(int(sliding_window), BLOCK_N), EXTRA_TILES=extra, MODE=mode,
+        TOPK=topk, DOT=dot, PRECISION=precision, INTERPRET=interpreting(), num_warps=8)
+    return out
