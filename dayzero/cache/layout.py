@@ -70,7 +70,7 @@ class StreamSpec:
         return torch.Size(self.shape).numel() * _element_size(self.dtype)
 
     def entries_per_block(self, block_size: int) -> int:
-        """Entries one block holds: entry e lives in the block of token e * rate."""
+        """Entries one block holds: entry e lives in the block of its last token e * rate + rate - 1."""
         if self.rate == 1:
             return block_size
         if self.rate <= block_size and block_size % self.rate == 0:

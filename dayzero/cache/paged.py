@@ -10,7 +10,7 @@ Layout
 - Streams of equal window (None = full attention, W = sliding window) form a cache group
   (dayzero.cache.kv_manager) with its own pool and arena of `num_blocks[g]` pages. A stream holds
   one entry per `rate` tokens (1; a compression ratio for DeepSeek-V4's compressed entries: entry e
-  lives in the block of token e * rate), so a block holds block_size / rate of its entries (at least
+  lives in the block of its last token e * rate + rate - 1: dayzero.ops.paged), so a block holds block_size / rate of its entries (at least
   one). In group g's page, stream s occupies bytes [offset(s), + entries per block x entry bytes):
   `streams[layer, name]` is a view [num_blocks, entries per block, *entry_shape] of the arena
   (`StreamSpec.block_bytes` of the page each; the views fill the page exactly).

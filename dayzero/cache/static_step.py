@@ -142,7 +142,7 @@ class StaticStep:
         for g, rate, per_block in self.compressed:  # each row's candidate entry: its slot where it completes
             table, scratch = h[f"table{g}"], self.scratch_pages[g]
             completes = (starts + 1) % rate == 0
-            token = np.where(completes, (starts + 1) // rate - 1, 0) * rate
+            token = np.where(completes, starts, 0)  # the completing token: the entry's last (its page's)
             page = table[np.arange(n), token // bs].astype(np.int64) if n else np.zeros(0, np.int64)
             if (completes & (page < 0)).any():
                 raise RuntimeError(f"a graph step writes cache group {g} entries into a block that is not allocated")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dayzero.ops.paged import SeqBatch
+from dayzero.ops.paged import SeqBatch, entry_token
 
 
 @dataclass
@@ -133,7 +133,7 @@ def build_step(seqs: list[SeqStep], layout, block_size: int, device: torch.devic
         first, last = starts // rate, ends // rate
         num = last - first
         entry = np.arange(int(num.sum()), dtype=np.int64) - np.repeat(np.cumsum(num) - num, num) + np.repeat(first, num)
-        token = entry * rate
+        token = entry_token(entry, rate)  # the page of the entry's last token (dayzero.ops.paged)
         pages = tables[g][np.repeat(np.arange(len(seqs)), num), token // block_size].astype(np.int64)
         if (pages < 0).any():
             raise RuntimeError(f"a step writes cache group {g} entries into a block that is not allocated")

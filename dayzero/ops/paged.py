@@ -11,9 +11,12 @@ pages of its cache group's block pool (dayzero.cache.paged). `PagedStream` is wh
                 in token order; -1 marks a page that is never read (reclaimed out of a sliding window,
                 or past the sequence's end)
     block_size  tokens per page; rate: tokens per entry (1, or a compression ratio)
-Entry e of sequence b (it pools tokens [e * rate, (e + 1) * rate)) lives in page
-block_table[b, e * rate // block_size] at offset (e * rate % block_size) // rate when a page holds
-several entries (rate divides block_size), at offset 0 when it holds one (rate a multiple of it).
+Entry e of sequence b (it pools tokens [e * rate, (e + 1) * rate)) lives in the page of its last token
+t = e * rate + rate - 1 (`entry_token`), block_table[b, t // block_size], at offset (t % block_size) //
+rate when a page holds several entries (rate divides block_size), at offset 0 when it holds one (rate a
+multiple of it). The last token's page, not the first's: an entry is written when its window completes,
+the same step that fills that page, so a full page (which prefix caching shares between requests) never
+takes a later write; the first token's page would be shared while two requests' entries still differ.
 
 A **SeqBatch** is the packed step: the tokens of all scheduled sequences in one [num_tokens] row,
 sequence b's tokens at rows query_start[b] : query_start[b + 1]. After this step sequence b holds
@@ -122,7 +125,7 @@ class PagedStream:
 
     def locations(self, seq: int, entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(page, offset) of entries [n] (long, entry numbers) of sequence `seq`."""
-        tokens = entries * self.rate
+        tokens = entry_token(entries, self.rate)
         pages = self.block_table[seq].long()[tokens // self.block_size]
         offsets = (tokens % self.block_size) // self.rate if self.per_block > 1 else torch.zeros_like(tokens)
         return pages, offsets
@@ -143,7 +146,7 @@ class PagedStream:
         seq, first, n = torch.tensor([seqs, lo, counts], dtype=torch.long).to(device, non_blocking=True)
         shift = torch.arange(width, device=device)[None, :] - (width - n)[:, None]  # < 0: the row's padding
         valid = shift >= 0
-        tokens = torch.where(valid, first[:, None] + shift, 0) * self.rate
+        tokens = entry_token(torch.where(valid, first[:, None] + shift, 0), self.rate)
         pages = self.block_table[seq[:, None], tokens // self.block_size].long()
         offsets = (tokens % self.block_size) // self.rate if self.per_block > 1 else torch.zeros_like(tokens)
         values = self.read(pages, offsets)  # padding read entry 0 (or any page): zeroed, so always finite
@@ -159,6 +162,11 @@ class PagedStream:
         if self.scales is None:
             return values
         return dequantize_activation_groups(values, self.scales[pages, offsets], FP8_GROUP, self.read_dtype)
+
+
+def entry_token(entries, rate: int):
+    """The token whose page holds entry `entries` of a stream of `rate` (module docstring): its last."""
+    return entries * rate + (rate - 1)
 
 
 def token_sequences(seqs: SeqBatch) -> torch.Tensor:

@@ -2,6 +2,7 @@
 runner, sampler) gives, greedily, the tokens transformers' generate gives on each prompt alone; also
 with chunked prefill and with preemption; bad input is rejected before anything is scheduled."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -263,6 +264,28 @@ def test_second_turn_reuses_the_first_and_computes_only_new_tokens(name, tmp_pat
         assert warm.runner.snapshots.restored == 1
     _assert_pool_free(warm)
     _assert_pool_free(cold)
+
+
+def test_requests_that_share_a_prefix_mid_compression_window_keep_their_own_entries(tmp_path):
+    """DeepSeek-V4 (HCA ratio 128, 16-token blocks): a cached 144-token prefix ends inside the window of
+    entry 1 (tokens 128-255, its first token in the prefix's last shared block); two requests continue it
+    with different 112-token prompts, side by side, each completing its own entry 1. The entry lives in
+    the page of its last token (dayzero.ops.paged), not in the shared page of its first, so neither
+    overwrites the other's: both get the tokens they get without prefix caching."""
+    path = FAMILIES["deepseek_v4"][0](tmp_path)
+    warm = LLM(path, dtype="float32")
+    cold = LLM(path, dtype="float32", enable_prefix_caching=False)
+    base = _prompts(warm.vocab_size, [144], seed=3)[0]
+    prompts = [base + p for p in _prompts(warm.vocab_size, [112, 112], seed=4)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=1)
+    warm.generate([base + [1]], SamplingParams(max_tokens=1, temperature=0.0))
+    together = warm.generate(prompts, params)
+    assert warm.scheduler.num_prefix_cached_tokens >= 2 * 144  # both reused the prefix's full blocks
+    for got, want in zip(together, [cold.generate([p], params)[0] for p in prompts]):
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose([lp.logprob for lp in got.outputs[0].logprobs],
+                                   [lp.logprob for lp in want.outputs[0].logprobs], rtol=1e-5, atol=1e-5)
+    _assert_pool_free(warm)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

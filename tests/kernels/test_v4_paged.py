@@ -35,9 +35,14 @@ def _stream(g, positions, dim, rate, block, dtype, device, window=None):
             if window is not None and first_token + block <= p - window + 1:
                 table[b, j] = -1  # reclaimed: before the window
                 continue
-            for s in range(per_block):
-                entry_token = first_token + s * rate
-                if entry_token // rate < (p + 1) // rate or (rate == 1 and entry_token <= p):
+            for s in range(per_block):  # entry e lives in the block of its last token e * rate + rate - 1
+                if rate <= block:
+                    entry = first_token // rate + s
+                elif (first_token + block) % rate == 0:
+                    entry = (first_token + block) // rate - 1
+                else:
+                    continue
+                if entry < (p + 1) // rate or (rate == 1 and entry <= p):
                     data[page, s] = torch.randn(dim, generator=g)
     return PagedStream(data.to(dtype).to(device), table.to(device), block, rate)
 

@@ -3,8 +3,8 @@ rows read the paged streams in place, through their block tables (no gather), wi
 from the host's launch arguments and every length from the device (positions), so a captured graph
 replays for any context up to its width.
 
-Where entry e of a stream of rate r sits: token e * r, page table[b, e * r // block_size], slot
-(e * r % block_size) // r (0 where a page holds one entry), as PagedStream.locations.
+Where entry e of a stream of rate r sits: its last token t = e * r + r - 1, page table[b, t // block_size],
+slot (t % block_size) // r (0 where a page holds one entry), as PagedStream.locations.
 
     _index_kernel      one program per (row, BLOCK_N entries): the CSA indexer's score of each entry
                        visible to the row (number < (p + 1) // ratio) against all heads, reduced over the
@@ -38,7 +38,7 @@ SCORE_BYTES = 1 << 29  # int64 keys a chunk of rows holds at most
 def _entry_at(table_ptr, row, stride_t, entry, ok, RATE: tl.constexpr, PAGE: tl.constexpr, PER_BLOCK: tl.constexpr,
               stride_p, stride_s):
     """Offsets into a stream's data of entries `entry` of sequence `row` (0 where not ok)."""
-    token = tl.where(ok, entry, 0) * RATE
+    token = tl.where(ok, entry, 0) * RATE + (RATE - 1)  # its last token's page (PagedStream.locations)
     page = tl.load(table_ptr + row * stride_t + token // PAGE, mask=ok, other=0).to(tl.int64)
     page = tl.maximum(page, 0)
     slot = 0
