@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from dayzero import ops
-from dayzero.ops.paged import PagedStream
+from dayzero.ops.paged import FP8_GROUP, PagedStream
 from dayzero.ops.registry import REGISTRY
 from tests.kernels.conftest import cuda, interpreter
 
 
-def _stream(g, positions, dim, rate, block, dtype, device, window=None):
+def _stream(g, positions, dim, rate, block, dtype, device, window=None, fp8=False):
     """A stream holding entries 0 .. (p + 1) // rate - 1 of every row (p its position), on pages handed out in a
     random order from a pool whose other pages hold NaN; with `window`, blocks wholly before the row's window
     are reclaimed (-1 in the table) and NaN too."""
@@ -44,7 +44,19 @@ def _stream(g, positions, dim, rate, block, dtype, device, window=None):
                     continue
                 if entry < (p + 1) // rate or (rate == 1 and entry <= p):
                     data[page, s] = torch.randn(dim, generator=g)
-    return PagedStream(data.to(dtype).to(device), table.to(device), block, rate)
+    stream = PagedStream(data.to(dtype).to(device), table.to(device), block, rate)
+    return _fp8(stream) if fp8 else stream
+
+
+def _fp8(stream: PagedStream) -> PagedStream:
+    """The stream's entries as FP8 with scales, read back in its dtype (NaN pages keep NaN scales)."""
+    from dayzero.formats.fp8 import quantize_activation_groups
+
+    data = stream.data.float()
+    written = ~data.isnan().any(-1)
+    q8, scales = quantize_activation_groups(data.nan_to_num(0.0), FP8_GROUP, check_finite=False)
+    return PagedStream(q8, stream.block_table, stream.block_size, stream.rate,
+                       scales.masked_fill(~written[..., None], float("nan")), stream.data.dtype)
 
 
 def _rel(got, want):
@@ -69,11 +81,14 @@ def test_paged_v4_index_topk_interpreted(seed):
     rng, g, b, block, ratio, positions = _case(seed)
     h, d = rng.choice((2, 4, 8)), rng.choice((16, 32))
     k = rng.choice((1, 3, 8, 40))
+    fp8 = rng.random() < 0.5
     keys = _stream(g, positions, d, ratio, block, torch.float32, "cpu")
     q = torch.randn(b, h, d, generator=g)
     if rng.random() < 0.5:
         q = q.relu()  # with keys of one sign: many heads' ReLUs vanish together, exact ties at 0
         keys.data.abs_()
+    if fp8:
+        keys = _fp8(keys)
     weights = torch.randn(b, h, generator=g)
     pos = torch.tensor(positions, dtype=torch.int64)
     want = REGISTRY.get("paged_v4_index_topk").reference.fn(q, keys, weights, pos, ratio, k)
@@ -92,10 +107,11 @@ def test_paged_v4_attention_interpreted(seed):
     window_len = rng.choice((1, 5, 16, 40))
     mode = rng.choice(("swa", "csa", "hca"))
     dtype = rng.choice((torch.float32, torch.bfloat16))
-    window = _stream(g, positions, d, 1, block, dtype, "cpu", window=window_len)
+    fp8 = rng.random() < 0.5
+    window = _stream(g, positions, d, 1, block, dtype, "cpu", window=window_len, fp8=fp8)
     compressed = indices = None
     if mode != "swa":
-        compressed = _stream(g, positions, d, ratio, block, dtype, "cpu")
+        compressed = _stream(g, positions, d, ratio, block, dtype, "cpu", fp8=fp8)
     if mode == "csa":
         k = rng.choice((1, 4, 17))
         indices = torch.full((b, k), -1, dtype=torch.int64)
@@ -116,21 +132,22 @@ def test_paged_v4_attention_interpreted(seed):
 @cuda
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("mode", ["swa", "csa", "hca"])
-def test_paged_v4_kernels_on_cuda(seed, mode):
+@pytest.mark.parametrize("fp8", [False, True])
+def test_paged_v4_kernels_on_cuda(seed, mode, fp8):
     """V4-Flash shapes: 64 heads of 512, window 128, CSA ratio 4 top-512 (indexer 64 x 128), HCA ratio 128."""
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     b, block, ratio = rng.choice((1, 5, 16)), 64, 4 if mode == "csa" else 128
     positions = [rng.randint(0, 6000) for _ in range(b)]
     bf16 = torch.bfloat16
-    window = _stream(g, positions, 512, 1, block, bf16, "cuda", window=128)
+    window = _stream(g, positions, 512, 1, block, bf16, "cuda", window=128, fp8=fp8)
     pos = torch.tensor(positions, dtype=torch.int64, device="cuda")
     compressed = indices = None
     with REGISTRY.record_calls(by_backend=True) as calls:
         if mode != "swa":
-            compressed = _stream(g, positions, 512, ratio, block, bf16, "cuda")
+            compressed = _stream(g, positions, 512, ratio, block, bf16, "cuda", fp8=fp8)
         if mode == "csa":
-            keys = _stream(g, positions, 128, ratio, block, bf16, "cuda")
+            keys = _stream(g, positions, 128, ratio, block, bf16, "cuda", fp8=fp8)
             iq = torch.randn(b, 64, 128, generator=g).to("cuda", bf16)
             w = torch.randn(b, 64, generator=g).to("cuda", bf16)
             indices = ops.paged_v4_index_topk(iq, keys, w, pos, ratio, 512)

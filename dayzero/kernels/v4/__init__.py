@@ -18,7 +18,7 @@ CUDA; importing this package imports no Triton.
                  streams in place through their block tables (the same math as _index and _attention),
                  sizes from the launch, lengths from the device: what a captured decode graph needs
 
-Not yet: FP8 streams in the paged kernels (they take the reference), prefill blocks in place.
+Not yet: prefill blocks in place.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from dayzero.kernels.devices import triton_cuda
+from dayzero.ops.paged import FP8_GROUP
 from dayzero.ops.registry import REGISTRY
 
 PRIORITY = 10  # above the reference
@@ -112,10 +113,18 @@ def v4_index_topk(*args, **kwargs):
 
 
 def _stream_ok(stream, q) -> bool:
-    """A stream the paged kernels read: entries [D] of q's dtype (no FP8 scales), rows of unit stride."""
-    return (stream is not None and stream.scales is None and stream.data.is_cuda and stream.data.dtype == q.dtype
-            and stream.data.dim() == 3 and stream.data.shape[2] == q.shape[-1] and stream.data.stride(2) == 1
-            and stream.block_table.dtype == torch.int32 and stream.block_table.shape[0] >= q.shape[0])
+    """A stream the paged kernels read: entries [D] of q's dtype, or FP8 read back in q's dtype with float32
+    scales [pages, per block, ceil(D / FP8_GROUP)]; rows of unit stride."""
+    if stream is None or not stream.data.is_cuda or stream.data.dim() != 3 or stream.data.shape[2] != q.shape[-1]:
+        return False
+    if stream.data.stride(2) != 1 or stream.block_table.dtype != torch.int32 or stream.block_table.shape[0] < q.shape[0]:
+        return False
+    if stream.scales is None:
+        return stream.data.dtype == q.dtype
+    sc = stream.scales
+    return (stream.data.dtype == torch.float8_e4m3fn and stream.read_dtype == q.dtype and sc.dtype == torch.float32
+            and sc.dim() == 3 and sc.shape[:2] == stream.data.shape[:2] and sc.shape[2] == -(-q.shape[-1] // FP8_GROUP)
+            and sc.stride(2) == 1)
 
 
 def _rows_ok(q, positions) -> bool:

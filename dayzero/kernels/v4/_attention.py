@@ -27,6 +27,12 @@ NEG = tl.constexpr(-1e30)  # a finite -inf: no NaN from a tile with nothing visi
 def _tile(q, acc, m, l, k_ptrs, ok, dm, qk_scale, DOT: tl.constexpr, PRECISION: tl.constexpr):
     """One tile of keys (= values) [BLOCK_N, D] at k_ptrs, `ok` the visible ones: the online softmax step."""
     k = tl.load(k_ptrs, mask=ok[:, None] & dm[None, :], other=0.0)
+    return _tile_values(q, acc, m, l, k, ok, qk_scale, DOT, PRECISION)
+
+
+@triton.jit
+def _tile_values(q, acc, m, l, k, ok, qk_scale, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax step over a loaded tile k [BLOCK_N, D] (0 where not `ok`)."""
     s = tl.dot(q.to(DOT), tl.trans(k.to(DOT)), input_precision=PRECISION) * qk_scale  # [BLOCK_H, BLOCK_N]
     s = tl.where(ok[None, :], s, NEG)
     m_new = tl.maximum(m, tl.max(s, 1))

@@ -29,10 +29,18 @@ def _score(k_rows, ok, q_ptr, w_ptr, row, H, scale, head_scale, D: tl.constexpr,
     """[BLOCK_N] float32 indexer scores of the keys whose rows start at k_rows [BLOCK_N, 1] (`ok` the ones
     to read) against row `row`'s heads: sum_h w[h] head_scale relu(q[h] . k) scale."""
     d = tl.arange(0, BLOCK_D)
+    k = tl.load(k_rows + d[None, :], mask=ok[:, None] & (d < D)[None, :], other=0.0)
+    return _score_values(k, q_ptr, w_ptr, row, H, scale, head_scale, D, BLOCK_H, BLOCK_D, DOT, PRECISION)
+
+
+@triton.jit
+def _score_values(k, q_ptr, w_ptr, row, H, scale, head_scale, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                  BLOCK_D: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """`_score` of a loaded key tile k [BLOCK_N, BLOCK_D] (0 where not read)."""
+    d = tl.arange(0, BLOCK_D)
     dm = d < D
     heads = tl.arange(0, BLOCK_H)
     hm = heads < H
-    k = tl.load(k_rows + d[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
     q = tl.load(q_ptr + (row * H + heads[:, None]) * D + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
     w = tl.load(w_ptr + row * H + heads, mask=hm, other=0.0).to(tl.float32) * head_scale
     s = tl.dot(k.to(DOT), tl.trans(q.to(DOT)), input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]

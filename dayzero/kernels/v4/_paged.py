@@ -15,7 +15,8 @@ slot (t % block_size) // r (0 where a page holds one entry), as PagedStream.loca
                        entries (cdiv(k, BLOCK_N) tiles) or HCA's visible ones (a loop to the row's count;
                        under the interpreter, which loops to constant bounds, to the launch's width)
 
-Streams of bf16 / fp16 / float32 (FP8 streams take the reference); q's dtype for the products."""
+Streams of q's dtype, or FP8 with one float32 scale per FP8_GROUP values (dequantized and rounded to q's
+dtype as PagedStream.read returns them); q's dtype for the products."""
 
 from __future__ import annotations
 
@@ -26,41 +27,60 @@ import triton.language as tl
 from dayzero.kernels.attention._mla_decode import interpreting, operand_dtype
 from dayzero.kernels.dsa._index import INT64_MIN, _order_key
 from dayzero.kernels.dsa._topk import best_positions
-from dayzero.kernels.v4._attention import _start, _tile
-from dayzero.kernels.v4._index import _score
+from dayzero.kernels.v4._attention import _start, _tile_values
+from dayzero.kernels.v4._index import _score_values
+from dayzero.ops.paged import FP8_GROUP
 
 INDEX_BLOCK_N = 64
 BLOCK_N = 16  # attention keys a tile (D = 512, as v4/_attention.py)
 SCORE_BYTES = 1 << 29  # int64 keys a chunk of rows holds at most
+GROUP = tl.constexpr(FP8_GROUP)  # values an FP8 stream's scale covers
 
 
 @triton.jit
-def _entry_at(table_ptr, row, stride_t, entry, ok, RATE: tl.constexpr, PAGE: tl.constexpr, PER_BLOCK: tl.constexpr,
-              stride_p, stride_s):
-    """Offsets into a stream's data of entries `entry` of sequence `row` (0 where not ok)."""
-    token = tl.where(ok, entry, 0) * RATE + (RATE - 1)  # its last token's page (PagedStream.locations)
+def _entries(data_ptr, scale_ptr, table_ptr, row, stride_t, entry, ok, cols, dm, stride_p, stride_s, sstride_p,
+             sstride_s, RATE: tl.constexpr, PAGE: tl.constexpr, PER_BLOCK: tl.constexpr, FP8: tl.constexpr,
+             DTYPE: tl.constexpr):
+    """Entries `entry` [BLOCK_N] of sequence `row` of a paged stream, [BLOCK_N, BLOCK_D] in DTYPE (0 where
+    not ok): found through the table (their last token's page, PagedStream.locations); an FP8 stream's
+    values times their group's scale in float32, rounded to DTYPE as PagedStream.read returns them."""
+    token = tl.where(ok, entry, 0) * RATE + (RATE - 1)
     page = tl.load(table_ptr + row * stride_t + token // PAGE, mask=ok, other=0).to(tl.int64)
     page = tl.maximum(page, 0)
     slot = 0
     if PER_BLOCK > 1:
         slot = (token % PAGE) // RATE
-    return page * stride_p + slot * stride_s
+    mask = ok[:, None] & dm[None, :]
+    x = tl.load(data_ptr + (page * stride_p + slot * stride_s)[:, None] + cols[None, :], mask=mask, other=0.0)
+    if FP8:
+        srow = page * sstride_p + slot * sstride_s
+        sc = tl.load(scale_ptr + srow[:, None] + (cols // GROUP)[None, :], mask=mask, other=0.0)
+        x = x.to(tl.float32) * sc
+    return x.to(DTYPE)
 
 
 @triton.jit
-def _index_kernel(q_ptr, w_ptr, k_ptr, table_ptr, pos_ptr, out_ptr, r0, H, scale, head_scale, stride_t, stride_p,
-                  stride_s, stride_on, D: tl.constexpr, RATE: tl.constexpr, PAGE: tl.constexpr,
-                  PER_BLOCK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                  DOT: tl.constexpr, PRECISION: tl.constexpr):
+def _index_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, pos_ptr, out_ptr, r0, H, scale, head_scale, stride_t,
+                  stride_p, stride_s, sstride_p, sstride_s, stride_on, D: tl.constexpr, RATE: tl.constexpr,
+                  PAGE: tl.constexpr, PER_BLOCK: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     row = r0 + i
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = (tl.load(pos_ptr + row) + 1) // RATE
     ok = cols < seen
-    at = _entry_at(table_ptr, row, stride_t, cols, ok, RATE, PAGE, PER_BLOCK, stride_p, stride_s)
-    score = _score(k_ptr + at[:, None], ok, q_ptr, w_ptr, row, H, scale, head_scale, D, BLOCK_H, BLOCK_D, DOT,
-                   PRECISION)
+    d = tl.arange(0, BLOCK_D)
+    k = _entries(k_ptr, ks_ptr, table_ptr, row, stride_t, cols, ok, d, d < D, stride_p, stride_s, sstride_p,
+                 sstride_s, RATE, PAGE, PER_BLOCK, FP8, q_ptr.dtype.element_ty)
+    score = _score_values(k, q_ptr, w_ptr, row, H, scale, head_scale, D, BLOCK_H, BLOCK_D, DOT, PRECISION)
     tl.store(out_ptr + i * stride_on + cols, tl.where(ok, _order_key(score, cols), INT64_MIN))
+
+
+def _scale_args(stream) -> tuple:
+    """(scales or data, their page and slot strides, FP8): what the kernels take of a stream's scales."""
+    if stream.scales is None:
+        return stream.data, 0, 0, False
+    return stream.scales, stream.scales.stride(0), stream.scales.stride(1), True
 
 
 def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int | None = None):
@@ -79,12 +99,14 @@ def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int 
     chunk = max(1, SCORE_BYTES // (8 * width))
     scores = torch.empty((min(chunk, b), width), dtype=torch.int64, device=q.device)
     data, table = keys.data, keys.block_table
+    scales, ssp, sss, fp8 = _scale_args(keys)
     for r0 in range(0, b, chunk):
         r1 = min(b, r0 + chunk)
         part = scores[:r1 - r0]
         _index_kernel[(r1 - r0, width // block_n)](
-            q, weights, data, table, positions, part, r0, h, d ** -0.5, h ** -0.5, table.stride(0), data.stride(0),
-            data.stride(1), part.stride(0), D=d, RATE=rate, PAGE=page, PER_BLOCK=keys.per_block, BLOCK_N=block_n,
+            q, weights, data, scales, table, positions, part, r0, h, d ** -0.5, h ** -0.5, table.stride(0),
+            data.stride(0), data.stride(1), ssp, sss, part.stride(0), D=d, RATE=rate, PAGE=page,
+            PER_BLOCK=keys.per_block, FP8=fp8, BLOCK_N=block_n,
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), DOT=dot,
             PRECISION=precision)
         idx = best_positions(part, k)
@@ -93,24 +115,24 @@ def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int 
 
 
 @triton.jit
-def _csa_tile(q, acc, m, l, i, n, c_ptr, c_table, idx_ptr, row, seen, cols, dm, qk_scale, stride_ct, stride_cp,
-              stride_cs, RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr, TOPK: tl.constexpr,
-              BLOCK_N: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
-    j = i * BLOCK_N + n
-    e = tl.load(idx_ptr + row * TOPK + j, mask=j < TOPK, other=-1)
-    ok = (e >= 0) & (e < seen)
-    at = _entry_at(c_table, row, stride_ct, e, ok, RATE, C_PAGE, C_PER_BLOCK, stride_cp, stride_cs)
-    return _tile(q, acc, m, l, c_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+def _comp_tile(q, acc, m, l, e, ok, c_ptr, cs_ptr, c_table, row, cols, dm, qk_scale, stride_ct, stride_cp, stride_cs,
+               sstride_cp, sstride_cs, RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr,
+               C_FP8: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+    """The online softmax step over compressed entries `e` (`ok` the ones to read)."""
+    k = _entries(c_ptr, cs_ptr, c_table, row, stride_ct, e, ok, cols, dm, stride_cp, stride_cs, sstride_cp, sstride_cs,
+                 RATE, C_PAGE, C_PER_BLOCK, C_FP8, q.dtype)
+    return _tile_values(q, acc, m, l, k, ok, qk_scale, DOT, PRECISION)
 
 
 @triton.jit
-def _attention_kernel(q_ptr, w_ptr, w_table, sink_ptr, c_ptr, c_table, idx_ptr, pos_ptr, out_ptr, H, qk_scale,
-                      stride_wt, stride_wp, stride_ws, stride_ct, stride_cp, stride_cs,
+def _attention_kernel(q_ptr, w_ptr, ws_ptr, w_table, sink_ptr, c_ptr, cs_ptr, c_table, idx_ptr, pos_ptr, out_ptr, H,
+                      qk_scale, stride_wt, stride_wp, stride_ws, sstride_wp, sstride_ws, stride_ct, stride_cp,
+                      stride_cs, sstride_cp, sstride_cs,
                       D: tl.constexpr, WINDOW: tl.constexpr, W_PAGE: tl.constexpr, W_PER_BLOCK: tl.constexpr,
-                      RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, WINDOW_TILES: tl.constexpr,
-                      EXTRA_TILES: tl.constexpr, MODE: tl.constexpr, TOPK: tl.constexpr, DOT: tl.constexpr,
-                      PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                      W_FP8: tl.constexpr, RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr,
+                      C_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                      WINDOW_TILES: tl.constexpr, EXTRA_TILES: tl.constexpr, MODE: tl.constexpr, TOPK: tl.constexpr,
+                      DOT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     heads, hm, cols, dm, q, acc, m, l = _start(q_ptr, sink_ptr, row, H, D, BLOCK_H, BLOCK_D)
     p = tl.load(pos_ptr + row)
@@ -119,33 +141,38 @@ def _attention_kernel(q_ptr, w_ptr, w_table, sink_ptr, c_ptr, c_table, idx_ptr, 
     for i in tl.static_range(WINDOW_TILES):
         tok = first + i * BLOCK_N + n
         ok = tok <= p
-        at = _entry_at(w_table, row, stride_wt, tok, ok, 1, W_PAGE, W_PER_BLOCK, stride_wp, stride_ws)
-        acc, m, l = _tile(q, acc, m, l, w_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+        k = _entries(w_ptr, ws_ptr, w_table, row, stride_wt, tok, ok, cols, dm, stride_wp, stride_ws, sstride_wp,
+                     sstride_ws, 1, W_PAGE, W_PER_BLOCK, W_FP8, q.dtype)
+        acc, m, l = _tile_values(q, acc, m, l, k, ok, qk_scale, DOT, PRECISION)
     seen = (p + 1) // RATE
     if MODE == 1:  # CSA: the chosen entries (-1 unused; never past what the row sees)
         if INTERPRET:
             for i in tl.static_range(EXTRA_TILES):
-                acc, m, l = _csa_tile(q, acc, m, l, i, n, c_ptr, c_table, idx_ptr, row, seen, cols, dm, qk_scale,
-                                      stride_ct, stride_cp, stride_cs, RATE, C_PAGE, C_PER_BLOCK, TOPK, BLOCK_N, DOT,
-                                      PRECISION)
+                j = i * BLOCK_N + n
+                e = tl.load(idx_ptr + row * TOPK + j, mask=j < TOPK, other=-1)
+                acc, m, l = _comp_tile(q, acc, m, l, e, (e >= 0) & (e < seen), c_ptr, cs_ptr, c_table, row, cols, dm,
+                                       qk_scale, stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
+                                       C_PER_BLOCK, C_FP8, DOT, PRECISION)
         else:  # a loop, not unrolled (top-512: 32 tiles)
             for i in range(0, EXTRA_TILES):
-                acc, m, l = _csa_tile(q, acc, m, l, i, n, c_ptr, c_table, idx_ptr, row, seen, cols, dm, qk_scale,
-                                      stride_ct, stride_cp, stride_cs, RATE, C_PAGE, C_PER_BLOCK, TOPK, BLOCK_N, DOT,
-                                      PRECISION)
+                j = i * BLOCK_N + n
+                e = tl.load(idx_ptr + row * TOPK + j, mask=j < TOPK, other=-1)
+                acc, m, l = _comp_tile(q, acc, m, l, e, (e >= 0) & (e < seen), c_ptr, cs_ptr, c_table, row, cols, dm,
+                                       qk_scale, stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
+                                       C_PER_BLOCK, C_FP8, DOT, PRECISION)
     if MODE == 2:  # HCA: every visible entry
         if INTERPRET:
             for i in tl.static_range(EXTRA_TILES):
                 e = i * BLOCK_N + n
-                ok = e < seen
-                at = _entry_at(c_table, row, stride_ct, e, ok, RATE, C_PAGE, C_PER_BLOCK, stride_cp, stride_cs)
-                acc, m, l = _tile(q, acc, m, l, c_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+                acc, m, l = _comp_tile(q, acc, m, l, e, e < seen, c_ptr, cs_ptr, c_table, row, cols, dm, qk_scale,
+                                       stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
+                                       C_PER_BLOCK, C_FP8, DOT, PRECISION)
         else:
             for i in range(0, tl.cdiv(seen, BLOCK_N)):
                 e = i * BLOCK_N + n
-                ok = e < seen
-                at = _entry_at(c_table, row, stride_ct, e, ok, RATE, C_PAGE, C_PER_BLOCK, stride_cp, stride_cs)
-                acc, m, l = _tile(q, acc, m, l, c_ptr + at[:, None] + cols[None, :], ok, dm, qk_scale, DOT, PRECISION)
+                acc, m, l = _comp_tile(q, acc, m, l, e, e < seen, c_ptr, cs_ptr, c_table, row, cols, dm, qk_scale,
+                                       stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
+                                       C_PER_BLOCK, C_FP8, DOT, PRECISION)
     out = acc / l[:, None]
     tl.store(out_ptr + (row * H + heads[:, None]) * D + cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=hm[:, None] & dm[None, :])
@@ -168,12 +195,16 @@ def paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compr
         extra = triton.cdiv(comp.block_table.shape[1] * comp.block_size // int(ratio), BLOCK_N)
     dot, precision = operand_dtype(q.dtype)
     block_h = 16
+    ws, wsp, wss, w_fp8 = _scale_args(window)
+    cs, csp, css, c_fp8 = _scale_args(comp)
     _attention_kernel[(b, triton.cdiv(h, block_h))](
-        q, window.data, window.block_table, sinks, comp.data, comp.block_table, indices if mode == 1 else positions,
-        positions, out, h, float(scale) * 1.4426950408889634, window.block_table.stride(0), window.data.stride(0),
-        window.data.stride(1), comp.block_table.stride(0), comp.data.stride(0), comp.data.stride(1), D=d,
-        WINDOW=int(sliding_window), W_PAGE=window.block_size, W_PER_BLOCK=window.per_block, RATE=int(ratio or 1),
-        C_PAGE=comp.block_size, C_PER_BLOCK=comp.per_block, BLOCK_H=block_h, BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_N=BLOCK_N, WINDOW_TILES=triton.cdiv(int(sliding_window), BLOCK_N), EXTRA_TILES=extra, MODE=mode,
-        TOPK=topk, DOT=dot, PRECISION=precision, INTERPRET=interpreting(), num_warps=8)
+        q, window.data, ws, window.block_table, sinks, comp.data, cs, comp.block_table,
+        indices if mode == 1 else positions, positions, out, h, float(scale) * 1.4426950408889634,
+        window.block_table.stride(0), window.data.stride(0), window.data.stride(1), wsp, wss,
+        comp.block_table.stride(0), comp.data.stride(0), comp.data.stride(1), csp, css, D=d,
+        WINDOW=int(sliding_window), W_PAGE=window.block_size, W_PER_BLOCK=window.per_block, W_FP8=w_fp8,
+        RATE=int(ratio or 1), C_PAGE=comp.block_size, C_PER_BLOCK=comp.per_block, C_FP8=c_fp8, BLOCK_H=block_h,
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_N=BLOCK_N, WINDOW_TILES=triton.cdiv(int(sliding_window), BLOCK_N),
+        EXTRA_TILES=extra, MODE=mode, TOPK=topk, DOT=dot, PRECISION=precision, INTERPRET=interpreting(),
+        num_warps=8)
     return out
