@@ -5,7 +5,8 @@
 # PART (one per call, each within a call's 600 s):
 #   tests  the GPU tests of the kernels and graphs (hyper-connections, V4 compressor and attention, DSA,
 #          sparse MLA, KDA via fla,
-#          graph replays against eager steps, the engine's bf16 kernels), then bench/dsa.py and bench/kda.py
+#          graph replays against eager steps, the engine's bf16 kernels), then bench/v4.py, bench/dsa.py and
+#          bench/kda.py
 #   engine the engine's GPU tests alone (graph replays against eager steps, CUDA engine against CPU engine)
 #   v32    the DeepSeek-V3.2-shaped checkpoint (4 layers, 15.9 GiB) and bench/e2e.py at 8K / 32K / 128K
 #          prompts: TTFT and 16 decode steps at each context, graphs + async and eager
@@ -25,6 +26,7 @@ case "${PART:-tests}" in
       tests/kernels/test_kda_fla.py tests/engine/test_graphs.py tests/engine/test_cuda.py tests/kernels/test_hc.py \
       tests/kernels/test_v4.py tests/kernels/test_dsa_index.py tests/kernels/test_attention_mla.py} -rs > $OUT/tests.log 2>&1
     grep -E "^FAILED|^SKIPPED|passed|failed" $OUT/tests.log | tail -12
+    timeout ${T_V4B:-90} python bench/v4.py > $OUT/v4.log 2>&1; tail -8 $OUT/v4.log
     timeout ${T_DSA:-60} python bench/dsa.py --quick > $OUT/dsa.log 2>&1; tail -8 $OUT/dsa.log
     timeout ${T_KDA:-170} python bench/kda.py --quick > $OUT/kda.log 2>&1; tail -12 $OUT/kda.log ;;
   engine)
