@@ -231,6 +231,24 @@ def test_padded_static_decode_gives_the_packed_steps_tokens_and_logprobs(name, t
     _assert_pool_free(static)
 
 
+def test_v4_padded_static_decode_writes_each_rows_candidate_entry_fp8_cache_too(tmp_path):
+    """DeepSeek-V4 with an FP8 cache: a prompt of 126 tokens decodes through its HCA window's end (token
+    127: the candidate becomes entry 0, written to its slot, the other rows' to the scratch page) and
+    CSA's, in padded static steps; tokens and logprobs equal the packed steps'."""
+    path = FAMILIES["deepseek_v4"][0](tmp_path)
+    kwargs = dict(dtype="float32", max_num_seqs=6, max_model_len=160, kv_cache_dtype="fp8_e4m3")
+    eager, static = LLM(path, **kwargs), LLM(path, **kwargs)
+    engine = static.engine
+    static.runner.graphs = DecodeGraphs(static.model, engine.runner.storage, engine.scheduler.kv.block_size, 6,
+                                        static.max_model_len, capture=False)
+    prompts = _prompts(eager.vocab_size, [3, 17, 9, 126, 5])
+    tokens, logprobs = _run(eager, prompts)
+    got_tokens, got_logprobs = _run(static, prompts)
+    assert got_tokens == tokens and static.runner.num_graph_steps >= PARAMS.max_tokens - 2
+    np.testing.assert_allclose(got_logprobs, logprobs, rtol=1e-5, atol=1e-5)
+    _assert_pool_free(static)
+
+
 def test_models_say_whether_their_decode_step_captures(tmp_path):
     v4 = LLM(FAMILIES["deepseek_v4"][0](tmp_path), dtype="float32")
     assert v4.model.cuda_graph_blocker(1 << 20) is None  # decodes read the paged streams in place
