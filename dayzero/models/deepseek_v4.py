@@ -23,10 +23,9 @@ exists), per sequence.
 The packed step runs attention on [B, T] blocks (`_GroupCache`): consecutive sequences that compute
 the same number of tokens from the same position (prefill chunks), or one token each (decodes, in
 whatever phase of their compression windows: each row compresses a candidate entry, visible and
-written only where its window completes), and are all fresh or all not. A block of decodes writes its
-entries first and reads the streams in place (ops.paged_v4_index_topk, ops.paged_v4_attention); a
-prefill block's window keys and compressed entries are gathered for its rows at once
-(`PagedStream.gather_rows`) and written at the layer's end.
+written only where its window completes), and are all fresh or all not. A block writes its entries
+first and reads the streams in place, one row a token (ops.paged_v4_index_topk, ops.paged_v4_attention);
+only the layout probe's recording cache runs the gathered ops (`PagedStream.gather_rows`).
 """
 
 from __future__ import annotations
@@ -239,9 +238,11 @@ class Indexer(nn.Module):
         """Top-k entry indices [B, T, min(topk, N)] into the block's compressed rows (ops.v4_index_topk)."""
         keys = self.compressor(x, rope, state, "index_", positions)
         q = rope_tail(self.wq_b(q_latent).unflatten(-1, (self.heads, self.dim)), cos, sin)
-        if state.paged:  # decodes: entry numbers over the stream in place
-            return ops.paged_v4_index_topk(q[:, 0], keys, self.weights_proj(x)[:, 0], positions[:, 0], self.ratio,
-                                           self.topk)[:, None]
+        if state.paged:  # entry numbers over the stream in place, one row a token
+            b, t = positions.shape
+            return ops.paged_v4_index_topk(q.flatten(0, 1).contiguous(), keys, self.weights_proj(x).flatten(0, 1),
+                                           positions.flatten(), self.ratio, self.topk,
+                                           state.rows_seq(t, x.device)).view(b, t, -1)
         return ops.v4_index_topk(q, keys, self.weights_proj(x), positions, self.ratio, self.topk,
                                  state.lens("index_entries"))
 
@@ -290,10 +291,13 @@ class Attention(nn.Module):
             compressed = self.compressor(x, rope, state, "comp_", positions)
         if self.kind == "csa":
             indices = self.indexer(x, q_latent, positions, cos, sin, rope, state)
-        if state.paged:  # decodes: the streams read in place (this step's entries written)
-            out = ops.paged_v4_attention(q[:, 0], keys, self.attn_sink, self.head_dim**-0.5, self.window,
-                                         positions[:, 0], compressed, None if indices is None else indices[:, 0],
-                                         self.ratio if compressed is not None else None)[:, None]
+        if state.paged:  # the streams read in place (this step's entries written), one row a token
+            b, t = positions.shape
+            out = ops.paged_v4_attention(q.flatten(0, 1).contiguous(), keys, self.attn_sink, self.head_dim**-0.5,
+                                         self.window, positions.flatten(), compressed,
+                                         None if indices is None else indices.flatten(0, 1),
+                                         self.ratio if compressed is not None else None,
+                                         state.rows_seq(t, x.device)).view(q.shape)
         else:
             out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
                                        positions, self.ratio, state.lens("window"),
@@ -506,8 +510,8 @@ class _GroupCache:
         for b in range(1, seqs.num_seqs + 1):
             if b == seqs.num_seqs or keys[b] != keys[first]:
                 rows = slice(seqs.query_start_host[first], seqs.query_start_host[b])
-                decodes = not self.probing and keys[first][0] == 1 and not keys[first][2]
-                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2], decodes)
+                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2],
+                                                                           not self.probing)
                 first = b
 
     def first_entry(self, seq: int, rate: int) -> int:
@@ -524,13 +528,23 @@ class _GroupCache:
 
 
 class _BlockView:
-    """One block's view (`_GroupCache`). paged: a block of decodes, whose `append` writes the block's
-    entries at once and returns the stream (PagedStream) for the paged ops to read in place; other blocks
-    get their rows gathered and write at `commit`."""
+    """One block's view (`_GroupCache`). paged (every block of a real step): `append` writes the block's
+    entries at once and returns the stream (PagedStream) for the paged ops to read in place, `rows_seq`
+    the sequence of each of the block's token rows; the probe's blocks (paged False) get their rows
+    gathered (the gathered ops' path) and write at `commit`."""
 
     def __init__(self, owner: _GroupCache, first: int, end: int, fresh: bool, paged: bool = False):
         self.owner, self.first, self.end, self.fresh, self.paged = owner, first, end, fresh, paged
         self._lens: dict[str, torch.Tensor | None] = {}
+        self._rows_seq: torch.Tensor | None = None
+
+    def rows_seq(self, t: int, device) -> torch.Tensor | None:
+        """The sequence of each of the block's B x t token rows (None where row b is sequence b)."""
+        if self.first == 0 and t == 1:
+            return None
+        if self._rows_seq is None:
+            self._rows_seq = torch.arange(self.first, self.end, device=device).repeat_interleave(t)
+        return self._rows_seq
 
     def append(self, name: str, new: torch.Tensor, window: int | None = None, rate: int = 1) -> torch.Tensor:
         seqs = self.owner.seqs

@@ -37,8 +37,7 @@ def test_engine_on_cuda_gives_the_cpu_engines_tokens(name, tmp_path):
 EXPECTED_KERNELS = {"deepseek_v32": {"paged_index_topk@triton", "paged_sparse_mla_attention@triton",
                                      "linear_fp8_block@triton"},
                     "deepseek_v4": {"linear_fp8_block@triton", "hyper_connection@triton", "hyper_connection_post@triton", "kv_compressor@triton",
-                                    "sparse_attention@triton", "v4_index_topk@triton",
-                                    "paged_v4_attention@triton", "paged_v4_index_topk@triton"}}
+                                    "paged_v4_attention@triton", "paged_v4_index_topk@triton"}}  # gathered ops: probe only
 
 
 @pytest.mark.parametrize("name", ["gpt_oss", "deepseek_v4", "kimi_linear", "deepseek_v32"])

@@ -162,3 +162,32 @@ def test_paged_v4_kernels_on_cuda(seed, mode, fp8):
     with REGISTRY.force_backend("reference"):
         want = ops.paged_v4_attention(*args)
     assert _rel(got, want) <= 2e-2
+
+
+@interpreter
+@pytest.mark.parametrize("seed", range(4))
+def test_paged_v4_kernels_on_prompt_chunk_rows_interpreted(seed):
+    """Rows of prompt chunks: several consecutive tokens of each sequence (rows_seq), with the streams
+    holding what their last rows see; both kernels against the references."""
+    from dayzero.kernels.v4 import _paged
+
+    rng, g, b, block, ratio, positions = _case(seed)
+    h, d = rng.choice((2, 16)), rng.choice((16, 32))
+    fp8 = rng.random() < 0.5
+    lens = [rng.randint(1, min(p + 1, 9)) for p in positions]
+    rows_seq = torch.tensor([s for s, t in enumerate(lens) for _ in range(t)])
+    pos = torch.tensor([p - t + 1 + i for p, t in zip(positions, lens) for i in range(t)], dtype=torch.int64)
+    n = len(pos)
+    keys = _stream(g, positions, d, ratio, block, torch.float32, "cpu", fp8=fp8)
+    iq, iw = torch.randn(n, h, d, generator=g), torch.randn(n, h, generator=g)
+    k = rng.choice((3, 40))
+    want_idx = REGISTRY.get("paged_v4_index_topk").reference.fn(iq, keys, iw, pos, ratio, k, rows_seq)
+    assert torch.equal(_paged.paged_v4_index_topk(iq, keys, iw, pos, ratio, k, rows_seq), want_idx)
+    window_len = rng.choice((5, 16))
+    window = _stream(g, positions, d, 1, block, torch.float32, "cpu", window=window_len + max(lens), fp8=fp8)
+    compressed = _stream(g, positions, d, ratio, block, torch.float32, "cpu", fp8=fp8)
+    q, sinks = torch.randn(n, h, d, generator=g), torch.randn(h, generator=g)
+    for indices in (want_idx, None):  # CSA, HCA
+        args = (q, window, sinks, d ** -0.5, window_len, pos, compressed, indices, ratio, rows_seq)
+        want = REGISTRY.get("paged_v4_attention").reference.fn(*args)
+        assert _rel(_paged.paged_v4_attention(*args), want) <= 1e-5

@@ -14,11 +14,10 @@ CUDA; importing this package imports no Triton.
     _index       v4_index_topk "triton": the CSA indexer's scores reduced over the heads in the kernel as
                  int64 order keys (DSA's), chunked over rows, then torch.topk (dayzero/kernels/dsa/_topk.py)
 
-    _paged       paged_v4_index_topk and paged_v4_attention "triton": a decode step's rows read the paged
-                 streams in place through their block tables (the same math as _index and _attention),
-                 sizes from the launch, lengths from the device: what a captured decode graph needs
-
-Not yet: prefill blocks in place.
+    _paged       paged_v4_index_topk and paged_v4_attention "triton": a step's query rows (decodes and prompt
+                 chunks) read the paged streams in place through their block tables (the same math as
+                 _index and _attention), sizes from the launch, lengths from the device: what a captured
+                 decode graph needs
 """
 
 from __future__ import annotations
@@ -112,12 +111,14 @@ def v4_index_topk(*args, **kwargs):
     return _index.v4_index_topk(*args, **kwargs)
 
 
-def _stream_ok(stream, q) -> bool:
+def _stream_ok(stream, q, rows_seq=None) -> bool:
     """A stream the paged kernels read: entries [D] of q's dtype, or FP8 read back in q's dtype with float32
     scales [pages, per block, ceil(D / FP8_GROUP)]; rows of unit stride."""
     if stream is None or not stream.data.is_cuda or stream.data.dim() != 3 or stream.data.shape[2] != q.shape[-1]:
         return False
-    if stream.data.stride(2) != 1 or stream.block_table.dtype != torch.int32 or stream.block_table.shape[0] < q.shape[0]:
+    if stream.data.stride(2) != 1 or stream.block_table.dtype != torch.int32:
+        return False
+    if rows_seq is None and stream.block_table.shape[0] < q.shape[0]:  # row b reads table row b
         return False
     if stream.scales is None:
         return stream.data.dtype == q.dtype
@@ -127,26 +128,28 @@ def _stream_ok(stream, q) -> bool:
             and sc.stride(2) == 1)
 
 
-def _rows_ok(q, positions) -> bool:
+def _rows_ok(q, positions, rows_seq=None) -> bool:
     return (isinstance(q, torch.Tensor) and q.is_cuda and q.dtype in DTYPES and q.dim() == 3 and q.is_contiguous()
-            and positions.dtype == torch.int64 and positions.shape == (q.shape[0],) and positions.is_contiguous())
+            and positions.dtype == torch.int64 and positions.shape == (q.shape[0],) and positions.is_contiguous()
+            and (rows_seq is None or (rows_seq.is_cuda and rows_seq.dtype in (torch.int32, torch.int64)
+                                      and rows_seq.shape == (q.shape[0],) and rows_seq.is_contiguous())))
 
 
-def supports_paged_v4_index_topk(q, keys, weights, positions, ratio, k) -> bool:
-    return (_rows_ok(q, positions) and _stream_ok(keys, q) and q.shape[1] <= MAX_INDEX_HEADS
+def supports_paged_v4_index_topk(q, keys, weights, positions, ratio, k, rows_seq=None) -> bool:
+    return (_rows_ok(q, positions, rows_seq) and _stream_ok(keys, q, rows_seq) and q.shape[1] <= MAX_INDEX_HEADS
             and q.shape[2] <= MAX_INDEX_DIM and weights.shape == q.shape[:2] and weights.is_floating_point()
             and weights.is_contiguous() and isinstance(k, int) and k >= 1 and int(ratio) >= 1)
 
 
 def supports_paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compressed=None, indices=None,
-                                ratio=None) -> bool:
-    if not (_rows_ok(q, positions) and _stream_ok(window, q) and q.shape[2] <= MAX_HEAD_DIM and sliding_window >= 1):
+                                ratio=None, rows_seq=None) -> bool:
+    if not (_rows_ok(q, positions, rows_seq) and _stream_ok(window, q, rows_seq) and q.shape[2] <= MAX_HEAD_DIM and sliding_window >= 1):
         return False
     if not (sinks.shape == (q.shape[1],) and sinks.dtype == torch.float32 and sinks.is_contiguous()):
         return False
     if compressed is None:
         return indices is None
-    return _stream_ok(compressed, q) and bool(ratio) and (
+    return _stream_ok(compressed, q, rows_seq) and bool(ratio) and (
         indices is None or (indices.dtype == torch.int64 and indices.dim() == 2 and indices.shape[0] == q.shape[0]))
 
 

@@ -60,17 +60,28 @@ def _entries(data_ptr, scale_ptr, table_ptr, row, stride_t, entry, ok, cols, dm,
 
 
 @triton.jit
-def _index_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, pos_ptr, out_ptr, r0, H, scale, head_scale, stride_t,
-                  stride_p, stride_s, sstride_p, sstride_s, stride_on, D: tl.constexpr, RATE: tl.constexpr,
-                  PAGE: tl.constexpr, PER_BLOCK: tl.constexpr, FP8: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
+def _seq_of(seq_ptr, row, HAS_SEQ: tl.constexpr):
+    """The sequence (block-table row) of query row `row`: rows_seq[row], or the row itself."""
+    if HAS_SEQ:
+        return tl.load(seq_ptr + row).to(tl.int64)
+    else:
+        return row
+
+
+@triton.jit
+def _index_kernel(q_ptr, w_ptr, k_ptr, ks_ptr, table_ptr, pos_ptr, seq_ptr, out_ptr, r0, H, scale, head_scale,
+                  stride_t, stride_p, stride_s, sstride_p, sstride_s, stride_on, D: tl.constexpr, RATE: tl.constexpr,
+                  PAGE: tl.constexpr, PER_BLOCK: tl.constexpr, FP8: tl.constexpr, HAS_SEQ: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, DOT: tl.constexpr,
+                  PRECISION: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     row = r0 + i
+    seq = _seq_of(seq_ptr, row, HAS_SEQ)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     seen = (tl.load(pos_ptr + row) + 1) // RATE
     ok = cols < seen
     d = tl.arange(0, BLOCK_D)
-    k = _entries(k_ptr, ks_ptr, table_ptr, row, stride_t, cols, ok, d, d < D, stride_p, stride_s, sstride_p,
+    k = _entries(k_ptr, ks_ptr, table_ptr, seq, stride_t, cols, ok, d, d < D, stride_p, stride_s, sstride_p,
                  sstride_s, RATE, PAGE, PER_BLOCK, FP8, q_ptr.dtype.element_ty)
     score = _score_values(k, q_ptr, w_ptr, row, H, scale, head_scale, D, BLOCK_H, BLOCK_D, DOT, PRECISION)
     tl.store(out_ptr + i * stride_on + cols, tl.where(ok, _order_key(score, cols), INT64_MIN))
@@ -83,7 +94,7 @@ def _scale_args(stream) -> tuple:
     return stream.scales, stream.scales.stride(0), stream.scales.stride(1), True
 
 
-def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int | None = None):
+def paged_v4_index_topk(q, keys, weights, positions, ratio, k, rows_seq=None, max_entries: int | None = None):
     """As dayzero.ops.attention_v4_paged.paged_v4_index_topk (checked by `supports`). max_entries: the most
     entries a row may see (the host's bound on the launch; default from the table's width)."""
     b, h, d = q.shape
@@ -104,9 +115,9 @@ def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int 
         r1 = min(b, r0 + chunk)
         part = scores[:r1 - r0]
         _index_kernel[(r1 - r0, width // block_n)](
-            q, weights, data, scales, table, positions, part, r0, h, d ** -0.5, h ** -0.5, table.stride(0),
+            q, weights, data, scales, table, positions, rows_seq if rows_seq is not None else positions, part, r0, h, d ** -0.5, h ** -0.5, table.stride(0),
             data.stride(0), data.stride(1), ssp, sss, part.stride(0), D=d, RATE=rate, PAGE=page,
-            PER_BLOCK=keys.per_block, FP8=fp8, BLOCK_N=block_n,
+            PER_BLOCK=keys.per_block, FP8=fp8, HAS_SEQ=rows_seq is not None, BLOCK_N=block_n,
             BLOCK_H=max(16, triton.next_power_of_2(h)), BLOCK_D=max(16, triton.next_power_of_2(d)), DOT=dot,
             PRECISION=precision)
         idx = best_positions(part, k)
@@ -115,25 +126,27 @@ def paged_v4_index_topk(q, keys, weights, positions, ratio, k, max_entries: int 
 
 
 @triton.jit
-def _comp_tile(q, acc, m, l, e, ok, c_ptr, cs_ptr, c_table, row, cols, dm, qk_scale, stride_ct, stride_cp, stride_cs,
+def _comp_tile(q, acc, m, l, e, ok, c_ptr, cs_ptr, c_table, seq, cols, dm, qk_scale, stride_ct, stride_cp, stride_cs,
                sstride_cp, sstride_cs, RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr,
                C_FP8: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr):
     """The online softmax step over compressed entries `e` (`ok` the ones to read)."""
-    k = _entries(c_ptr, cs_ptr, c_table, row, stride_ct, e, ok, cols, dm, stride_cp, stride_cs, sstride_cp, sstride_cs,
+    k = _entries(c_ptr, cs_ptr, c_table, seq, stride_ct, e, ok, cols, dm, stride_cp, stride_cs, sstride_cp, sstride_cs,
                  RATE, C_PAGE, C_PER_BLOCK, C_FP8, q.dtype)
     return _tile_values(q, acc, m, l, k, ok, qk_scale, DOT, PRECISION)
 
 
 @triton.jit
-def _attention_kernel(q_ptr, w_ptr, ws_ptr, w_table, sink_ptr, c_ptr, cs_ptr, c_table, idx_ptr, pos_ptr, out_ptr, H,
+def _attention_kernel(q_ptr, w_ptr, ws_ptr, w_table, sink_ptr, c_ptr, cs_ptr, c_table, idx_ptr, pos_ptr, seq_ptr,
+                      out_ptr, H,
                       qk_scale, stride_wt, stride_wp, stride_ws, sstride_wp, sstride_ws, stride_ct, stride_cp,
                       stride_cs, sstride_cp, sstride_cs,
                       D: tl.constexpr, WINDOW: tl.constexpr, W_PAGE: tl.constexpr, W_PER_BLOCK: tl.constexpr,
                       W_FP8: tl.constexpr, RATE: tl.constexpr, C_PAGE: tl.constexpr, C_PER_BLOCK: tl.constexpr,
                       C_FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                       WINDOW_TILES: tl.constexpr, EXTRA_TILES: tl.constexpr, MODE: tl.constexpr, TOPK: tl.constexpr,
-                      DOT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                      HAS_SEQ: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    seq = _seq_of(seq_ptr, row, HAS_SEQ)
     heads, hm, cols, dm, q, acc, m, l = _start(q_ptr, sink_ptr, row, H, D, BLOCK_H, BLOCK_D)
     p = tl.load(pos_ptr + row)
     first = tl.maximum(p - (WINDOW - 1), 0)
@@ -141,7 +154,7 @@ def _attention_kernel(q_ptr, w_ptr, ws_ptr, w_table, sink_ptr, c_ptr, cs_ptr, c_
     for i in tl.static_range(WINDOW_TILES):
         tok = first + i * BLOCK_N + n
         ok = tok <= p
-        k = _entries(w_ptr, ws_ptr, w_table, row, stride_wt, tok, ok, cols, dm, stride_wp, stride_ws, sstride_wp,
+        k = _entries(w_ptr, ws_ptr, w_table, seq, stride_wt, tok, ok, cols, dm, stride_wp, stride_ws, sstride_wp,
                      sstride_ws, 1, W_PAGE, W_PER_BLOCK, W_FP8, q.dtype)
         acc, m, l = _tile_values(q, acc, m, l, k, ok, qk_scale, DOT, PRECISION)
     seen = (p + 1) // RATE
@@ -150,27 +163,27 @@ def _attention_kernel(q_ptr, w_ptr, ws_ptr, w_table, sink_ptr, c_ptr, cs_ptr, c_
             for i in tl.static_range(EXTRA_TILES):
                 j = i * BLOCK_N + n
                 e = tl.load(idx_ptr + row * TOPK + j, mask=j < TOPK, other=-1)
-                acc, m, l = _comp_tile(q, acc, m, l, e, (e >= 0) & (e < seen), c_ptr, cs_ptr, c_table, row, cols, dm,
+                acc, m, l = _comp_tile(q, acc, m, l, e, (e >= 0) & (e < seen), c_ptr, cs_ptr, c_table, seq, cols, dm,
                                        qk_scale, stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
                                        C_PER_BLOCK, C_FP8, DOT, PRECISION)
         else:  # a loop, not unrolled (top-512: 32 tiles)
             for i in range(0, EXTRA_TILES):
                 j = i * BLOCK_N + n
                 e = tl.load(idx_ptr + row * TOPK + j, mask=j < TOPK, other=-1)
-                acc, m, l = _comp_tile(q, acc, m, l, e, (e >= 0) & (e < seen), c_ptr, cs_ptr, c_table, row, cols, dm,
+                acc, m, l = _comp_tile(q, acc, m, l, e, (e >= 0) & (e < seen), c_ptr, cs_ptr, c_table, seq, cols, dm,
                                        qk_scale, stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
                                        C_PER_BLOCK, C_FP8, DOT, PRECISION)
     if MODE == 2:  # HCA: every visible entry
         if INTERPRET:
             for i in tl.static_range(EXTRA_TILES):
                 e = i * BLOCK_N + n
-                acc, m, l = _comp_tile(q, acc, m, l, e, e < seen, c_ptr, cs_ptr, c_table, row, cols, dm, qk_scale,
+                acc, m, l = _comp_tile(q, acc, m, l, e, e < seen, c_ptr, cs_ptr, c_table, seq, cols, dm, qk_scale,
                                        stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
                                        C_PER_BLOCK, C_FP8, DOT, PRECISION)
         else:
             for i in range(0, tl.cdiv(seen, BLOCK_N)):
                 e = i * BLOCK_N + n
-                acc, m, l = _comp_tile(q, acc, m, l, e, e < seen, c_ptr, cs_ptr, c_table, row, cols, dm, qk_scale,
+                acc, m, l = _comp_tile(q, acc, m, l, e, e < seen, c_ptr, cs_ptr, c_table, seq, cols, dm, qk_scale,
                                        stride_ct, stride_cp, stride_cs, sstride_cp, sstride_cs, RATE, C_PAGE,
                                        C_PER_BLOCK, C_FP8, DOT, PRECISION)
     out = acc / l[:, None]
@@ -178,7 +191,8 @@ def _attention_kernel(q_ptr, w_ptr, ws_ptr, w_table, sink_ptr, c_ptr, cs_ptr, c_
              mask=hm[:, None] & dm[None, :])
 
 
-def paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compressed=None, indices=None, ratio=None):
+def paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compressed=None, indices=None, ratio=None,
+                       rows_seq=None):
     """As dayzero.ops.attention_v4_paged.paged_v4_attention (checked by `supports`)."""
     b, h, d = q.shape
     out = torch.empty_like(q)
@@ -199,12 +213,12 @@ def paged_v4_attention(q, window, sinks, scale, sliding_window, positions, compr
     cs, csp, css, c_fp8 = _scale_args(comp)
     _attention_kernel[(b, triton.cdiv(h, block_h))](
         q, window.data, ws, window.block_table, sinks, comp.data, cs, comp.block_table,
-        indices if mode == 1 else positions, positions, out, h, float(scale) * 1.4426950408889634,
+        indices if mode == 1 else positions, positions, rows_seq if rows_seq is not None else positions, out, h, float(scale) * 1.4426950408889634,
         window.block_table.stride(0), window.data.stride(0), window.data.stride(1), wsp, wss,
         comp.block_table.stride(0), comp.data.stride(0), comp.data.stride(1), csp, css, D=d,
         WINDOW=int(sliding_window), W_PAGE=window.block_size, W_PER_BLOCK=window.per_block, W_FP8=w_fp8,
         RATE=int(ratio or 1), C_PAGE=comp.block_size, C_PER_BLOCK=comp.per_block, C_FP8=c_fp8, BLOCK_H=block_h,
         BLOCK_D=triton.next_power_of_2(d), BLOCK_N=BLOCK_N, WINDOW_TILES=triton.cdiv(int(sliding_window), BLOCK_N),
-        EXTRA_TILES=extra, MODE=mode, TOPK=topk, DOT=dot, PRECISION=precision, INTERPRET=interpreting(),
+        EXTRA_TILES=extra, MODE=mode, TOPK=topk, HAS_SEQ=rows_seq is not None, DOT=dot, PRECISION=precision, INTERPRET=interpreting(),
         num_warps=8)
     return out
