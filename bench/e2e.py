@@ -152,7 +152,7 @@ def dayzero_numbers(path: Path, args, vocab: int, mode: str, ttft: list[int]) ->
             engine.pop_finished(rid)
         return prefill, steps
 
-    for batch in (1, 64):
+    for batch in () if args.long_only else (1, 64):
         prompts = _prompts(batch, 128, vocab, seed=batch)
         run(prompts, 4)  # warm-up: compile kernels, capture the MoE graphs of these token counts
         prefill, steps = run(prompts, args.steps + 1)
@@ -215,6 +215,8 @@ def main() -> None:
     ap.add_argument("--long-decode", type=int, default=0, metavar="N",
                     help="after each TTFT prompt, time N decode steps at that context (batch 1)")
     ap.add_argument("--budget", type=int, default=8192, help="max_num_batched_tokens (the prefill chunk)")
+    ap.add_argument("--long-only", action="store_true",
+                    help="only the --ttft prompts (and --long-decode): no batch 1 / 64 decode and prefill rows")
     ap.add_argument("--kv-gib", type=float, default=16.0)
     ap.add_argument("--modes", nargs="+", choices=["graphs", "eager", "async"], default=["graphs", "eager"],
                     help="dayzero with decode CUDA graphs, eagerly, or with graphs and async scheduling "

@@ -12,7 +12,7 @@
 #          prompts: TTFT and 16 decode steps at each context, graphs + async and eager
 #   v4     the DeepSeek-V4-Flash-shaped checkpoint (8 layers) and bench/e2e.py (MODES, default async: decode
 #          graphs): TTFT and decode at 8K and 128K (the target: decode at 128K and 1M within 2x of 8K);
-#          V4_TTFT="1040000" T_E2E=500 for the 1M request alone (its prefill takes minutes)
+#          V4_TTFT="1040000" E2E_ARGS=--long-only T_E2E=500 for the 1M request alone (its prefill takes minutes)
 set -u
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl > /dev/null 2>&1; then
@@ -40,7 +40,7 @@ case "${PART:-tests}" in
   v4)
     [ -f /tmp/dsv4/config.json ] || python bench/checkpoints.py deepseek-v4-flash /tmp/dsv4 --layers 8 > $OUT/ckpt_v4.log 2>&1
     timeout ${T_E2E:-450} python bench/e2e.py --model /tmp/dsv4 --quick --no-transformers --modes ${MODES:-async eager} \
-      --ttft ${V4_TTFT:-8192 131072} --long-decode 16 > $OUT/e2e_v4.log 2>&1
+      --ttft ${V4_TTFT:-8192 131072} --long-decode 16 ${E2E_ARGS:-} > $OUT/e2e_v4.log 2>&1
     tail -12 $OUT/e2e_v4.log ;;
   *) echo "PART must be tests, v32 or v4, got ${PART}" ;;
 esac
