@@ -25,7 +25,7 @@ the same number of tokens from the same position (prefill chunks), or one token 
 whatever phase of their compression windows: each row compresses a candidate entry, visible and
 written only where its window completes), and are all fresh or all not. A block writes its entries
 first and reads the streams in place, one row a token (ops.paged_v4_index_topk, ops.paged_v4_attention);
-only the layout probe's recording cache runs the gathered ops (`PagedStream.gather_rows`).
+only the layout probe's one token runs the gathered ops (on the entries it just made).
 """
 
 from __future__ import annotations
@@ -243,8 +243,7 @@ class Indexer(nn.Module):
             return ops.paged_v4_index_topk(q.flatten(0, 1).contiguous(), keys, self.weights_proj(x).flatten(0, 1),
                                            positions.flatten(), self.ratio, self.topk,
                                            state.rows_seq(t, x.device)).view(b, t, -1)
-        return ops.v4_index_topk(q, keys, self.weights_proj(x), positions, self.ratio, self.topk,
-                                 state.lens("index_entries"))
+        return ops.v4_index_topk(q, keys, self.weights_proj(x), positions, self.ratio, self.topk)  # the probe's
 
 
 class Attention(nn.Module):
@@ -300,8 +299,7 @@ class Attention(nn.Module):
                                          state.rows_seq(t, x.device)).view(q.shape)
         else:
             out = ops.sparse_attention(q, keys, self.attn_sink, self.head_dim**-0.5, self.window, compressed, indices,
-                                       positions, self.ratio, state.lens("window"),
-                                       None if compressed is None else state.lens("comp_entries"))
+                                       positions, self.ratio)  # the layout probe's one token
         out = rope_tail(out, cos, -sin)  # undo the rotation the values (= keys) carried
         return self.wo_b(self.wo_a(out.unflatten(2, (self.wo_a.groups, -1)).flatten(3)))
 
@@ -491,15 +489,13 @@ class DeepseekV4ForCausalLM(CausalLM):
 
 class _GroupCache:
     """A layer's paged view seen as [B, T] blocks of sequences (module docstring): `groups()` yields
-    (token rows, (B, T), view) per block; a view's `append(name, new [B, n, *entry])` returns the
-    block's entries right-aligned [B, S, *entry] (its window or all its compressed entries, this
-    step's included) and defers the write; states read and write the block's rows. `commit()` writes
-    every stream's new entries (sequence order) and every state once."""
+    (token rows, (B, T), view) per block; a view's `append(name, new [B, n, *entry])` writes the block's
+    part of the step's entries and returns the stream; states read the block's rows and are written
+    once for the layer by `commit()`."""
 
     def __init__(self, cache, ratio: int):
         self.cache, self.ratio, self.seqs = cache, ratio, cache.seqs
         self.probing = not hasattr(cache, "meta")  # probe_layout's recording cache: write through at once
-        self.new: dict[str, list[tuple[int, torch.Tensor]]] = {}
         self.states: dict[str, list[torch.Tensor]] = {}
 
     def groups(self):
@@ -510,8 +506,7 @@ class _GroupCache:
         for b in range(1, seqs.num_seqs + 1):
             if b == seqs.num_seqs or keys[b] != keys[first]:
                 rows = slice(seqs.query_start_host[first], seqs.query_start_host[b])
-                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2],
-                                                                           not self.probing)
+                yield rows, (b - first, seqs.query_lens[first]), _BlockView(self, first, b, keys[first][2])
                 first = b
 
     def first_entry(self, seq: int, rate: int) -> int:
@@ -520,9 +515,6 @@ class _GroupCache:
         return sum((c + t) // rate - c // rate for c, t in zip(seqs.context_lens[:seq], seqs.query_lens[:seq]))
 
     def commit(self) -> None:
-        for name, parts in self.new.items():
-            for start, part in parts:
-                self.cache.append_part(name, part.flatten(0, 1), start)
         for name, parts in self.states.items():
             self.cache[name] = torch.cat(parts)
 
@@ -530,12 +522,12 @@ class _GroupCache:
 class _BlockView:
     """One block's view (`_GroupCache`). paged (every block of a real step): `append` writes the block's
     entries at once and returns the stream (PagedStream) for the paged ops to read in place, `rows_seq`
-    the sequence of each of the block's token rows; the probe's blocks (paged False) get their rows
-    gathered (the gathered ops' path) and write at `commit`."""
+    the sequence of each of the block's token rows. The layout probe's one token (paged False) writes
+    through its recording cache, and `append` returns the token's own entries for the gathered ops."""
 
-    def __init__(self, owner: _GroupCache, first: int, end: int, fresh: bool, paged: bool = False):
-        self.owner, self.first, self.end, self.fresh, self.paged = owner, first, end, fresh, paged
-        self._lens: dict[str, torch.Tensor | None] = {}
+    def __init__(self, owner: _GroupCache, first: int, end: int, fresh: bool):
+        self.owner, self.first, self.end, self.fresh = owner, first, end, fresh
+        self.paged = not owner.probing
         self._rows_seq: torch.Tensor | None = None
 
     def rows_seq(self, t: int, device) -> torch.Tensor | None:
@@ -558,20 +550,7 @@ class _BlockView:
         if self.owner.probing:
             self.owner.cache.append(name, written.flatten(0, 1), window, rate)
             return new
-        start = self.owner.first_entry(self.first, rate)
-        if self.paged:
-            return self.owner.cache.append_part(name, written.flatten(0, 1), start)
-        self.owner.new.setdefault(name, []).append((start, written))
-        stream = self.owner.cache.stream(name)
-        lo = [0 if window is None else max(0, ctx - (window - 1)) // rate for ctx in ctxs]
-        hi = [ctx // rate for ctx in ctxs]
-        past = stream.gather_rows(list(range(self.first, self.end)), lo, hi).to(new.dtype)
-        lens = [h - l + new.shape[1] for l, h in zip(lo, hi)]  # noqa: E741
-        self._lens[name] = None if len(set(lens)) == 1 else torch.tensor(lens, device=new.device)
-        return torch.cat([past, new], dim=1)  # right-aligned: every row ends with this step's entries
-
-    def lens(self, name: str) -> torch.Tensor | None:
-        return self._lens.get(name)
+        return self.owner.cache.append_part(name, written.flatten(0, 1), self.owner.first_entry(self.first, rate))
 
     def get(self, name: str, default=None):
         if self.fresh:
