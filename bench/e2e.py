@@ -158,6 +158,7 @@ def dayzero_numbers(path: Path, args, vocab: int, mode: str, ttft: list[int]) ->
         prefill, steps = run(prompts, args.steps + 1)
         out[f"decode_b{batch}"] = statistics.median(steps)
         out[f"prefill_{batch}x128"] = prefill
+        print(f"  {mode}: decode_b{batch} {out[f'decode_b{batch}'] * 1e3:.2f} ms, prefill {prefill:.3f} s", flush=True)
     for length in ttft:
         # warm-up (kernels compiled for every chunk shape): the same length up to 4 chunks, 4 chunks above
         # (a 1M prompt's prefill takes minutes: its warm-up would double the run for nothing new)
@@ -165,6 +166,8 @@ def dayzero_numbers(path: Path, args, vocab: int, mode: str, ttft: list[int]) ->
         out[f"ttft_{length}"], steps = run(_prompts(1, length, vocab, seed=length), 1 + args.long_decode)
         if steps:
             out[f"decode_at_{length}"] = statistics.median(steps)
+        print(f"  {mode}: ttft_{length} {out[f'ttft_{length}']:.3f} s" + (  # as it goes: a run cut short keeps these
+            f", decode_at_{length} {out[f'decode_at_{length}'] * 1e3:.2f} ms" if steps else ""), flush=True)
     tokens = _prompts(1, 128, vocab, seed=1)[0]
     out["greedy_tokens"] = llm.generate([tokens], SamplingParams(max_tokens=16, ignore_eos=True))[0].token_ids
     out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30

@@ -124,9 +124,10 @@ def test_paged_v4_attention_interpreted(seed):
     pos = torch.tensor(positions, dtype=torch.int64)
     args = (q, window, sinks, d ** -0.5, window_len, pos, compressed, indices, ratio if mode != "swa" else None)
     want = REGISTRY.get("paged_v4_attention").reference.fn(*args)
-    got = _paged.paged_v4_attention(*args)
-    assert got.dtype == dtype and got.shape == q.shape
-    assert _rel(got, want) <= (1e-5 if dtype == torch.float32 else 2e-2)
+    for splits in (1, rng.choice((2, 3, 7))):  # one program a row, and the tiles split over several (merged)
+        got = _paged.paged_v4_attention(*args, splits=splits)
+        assert got.dtype == dtype and got.shape == q.shape
+        assert _rel(got, want) <= (1e-5 if dtype == torch.float32 else 2e-2), splits
 
 
 @cuda
@@ -190,4 +191,4 @@ def test_paged_v4_kernels_on_prompt_chunk_rows_interpreted(seed):
     for indices in (want_idx, None):  # CSA, HCA
         args = (q, window, sinks, d ** -0.5, window_len, pos, compressed, indices, ratio, rows_seq)
         want = REGISTRY.get("paged_v4_attention").reference.fn(*args)
-        assert _rel(_paged.paged_v4_attention(*args), want) <= 1e-5
+        assert _rel(_paged.paged_v4_attention(*args, splits=rng.choice((1, 3))), want) <= 1e-5

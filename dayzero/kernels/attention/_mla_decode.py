@@ -251,6 +251,16 @@ def _mla_reduce_kernel(o_ptr, lse_ptr, out_ptr, SPLITS, H, stride_or, stride_os,
     tl.store(out_ptr + h * stride_xh + r * stride_xr + offs_c, out.to(out_ptr.dtype.element_ty), mask=offs_c < C)
 
 
+def merge_splits(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, stride_h: int, stride_r: int) -> None:
+    """Merge the normalized partials part [R, SPLITS, H, C] (float32) by their lse [R, SPLITS, H] (base 2)
+    into out (row r, head h at out's r * stride_r + h * stride_h, unit-stride columns)."""
+    rows, splits, h, c = part.shape
+    block_c = min(REDUCE_COLUMNS, triton.next_power_of_2(c))
+    _mla_reduce_kernel[(rows, h, triton.cdiv(c, block_c))](
+        part, lse, out, splits, h, part.stride(0), part.stride(1), part.stride(2), stride_h, stride_r, C=c,
+        BLOCK_C=block_c, BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+
+
 def num_splits(max_len: int, rows: int, head_blocks: int, block_n: int, device: torch.device,
                min_tiles: int = MIN_TILES_PER_SPLIT) -> int:
     """Key splits per sequence: enough programs for one wave over the SMs (4 on the interpreter, so
@@ -320,8 +330,5 @@ def _attend(q_nope, q_pe, kv_latent, k_pe, w_uk, w_uv, scale, seqs, r0, rows, ma
         SPARSE=sparse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        block_c = min(REDUCE_COLUMNS, triton.next_power_of_2(c))
-        _mla_reduce_kernel[(rows, h, triton.cdiv(c, block_c))](
-            part, lse, o_lat, splits, h, part.stride(0), part.stride(1), part.stride(2), o_lat.stride(0),
-            o_lat.stride(1), C=c, BLOCK_C=block_c, BLOCK_S=triton.next_power_of_2(splits), num_warps=4)
+        merge_splits(part, lse, o_lat, o_lat.stride(0), o_lat.stride(1))
     out[r0:r0 + rows] = torch.bmm(o_lat, w_uv.to(dtype).transpose(1, 2)).transpose(0, 1)
