@@ -234,9 +234,12 @@ def test_padded_static_decode_gives_the_packed_steps_tokens_and_logprobs(name, t
 def test_v4_padded_static_decode_writes_each_rows_candidate_entry_fp8_cache_too(tmp_path):
     """DeepSeek-V4 with an FP8 cache: a prompt of 126 tokens decodes through its HCA window's end (token
     127: the candidate becomes entry 0, written to its slot, the other rows' to the scratch page) and
-    CSA's, in padded static steps; tokens and logprobs equal the packed steps'."""
+    CSA's, in padded static steps; tokens and logprobs equal the packed steps'. On the CPU: on CUDA the
+    padded and packed steps run matmuls of different row counts, whose last-bit differences can flip an
+    e4m3 rounding (a 1/16 step) and move a logprob by 1e-4 (measured on the H200, 2026-12-04: 2 of 35
+    values, tokens equal); the CUDA graph tests compare replays with eager steps of the same rows."""
     path = FAMILIES["deepseek_v4"][0](tmp_path)
-    kwargs = dict(dtype="float32", max_num_seqs=6, max_model_len=160, kv_cache_dtype="fp8_e4m3")
+    kwargs = dict(dtype="float32", device="cpu", max_num_seqs=6, max_model_len=160, kv_cache_dtype="fp8_e4m3")
     eager, static = LLM(path, **kwargs), LLM(path, **kwargs)
     engine = static.engine
     static.runner.graphs = DecodeGraphs(static.model, engine.runner.storage, engine.scheduler.kv.block_size, 6,
