@@ -106,9 +106,9 @@ def probe_layout(model: torch.nn.Module) -> CacheLayout:
 
 
 def checked_layout(model: torch.nn.Module, kv_cache_dtype: str = "auto") -> CacheLayout:
-    """`cache_layout` of the model's spec and dtype, after checking that the model writes exactly
+    """`cache_layout` of the model's spec (this rank's share of it) and dtype, after checking that the model writes exactly
     that (else the memory plan and the storage would describe another cache than the one used)."""
-    planned, probed = cache_layout(model.spec, model.dtype), probe_layout(model)
+    planned, probed = cache_layout(model.cache_spec(), model.dtype), probe_layout(model)
     planned_set = set(map(repr, planned.streams + planned.states))
     probed_set = set(map(repr, probed.streams + probed.states))
     if planned_set != probed_set:

@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from dayzero.cache.local import LocalCache
+from dayzero.parallel.spec import local_spec
+from dayzero.parallel.state import current
 from dayzero.spec import ModelSpec, resolve_config
 from dayzero.weights import FLOAT_DTYPES, Layout, TensorSpec
 
@@ -44,11 +46,14 @@ class WeightTarget:
     """Where one checkpoint tensor goes: its expected shape/dtype and a function that stores it (it must
     copy: the loader reuses the tensor it passes). dest: set where storing is a copy of the stored bytes
     into this tensor (the same dtype, or packed bytes reinterpreted: int8 / uint8 / F8_E8M0); the loader
-    then reads the file straight into it (dayzero.weights.fill) and assign is not called."""
+    then reads the file straight into it (dayzero.weights.fill) and assign is not called. shard: the loader
+    reads only that slice of the stored tensor (dayzero/models/sharded.py)."""
 
     spec: TensorSpec
     assign: Callable[[torch.Tensor], None]
     dest: torch.Tensor | None = None
+    shard: tuple[int, int, int] | None = None  # (dim, start, stop): only this slice of the stored tensor
+    # (spec's shape) is read and handed to assign / copied into dest (a tensor-parallel rank's share)
 
 
 def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None = None) -> nn.Parameter:
@@ -98,6 +103,16 @@ class CausalLM(nn.Module):
         self.config = resolve_config(config)  # the reference's defaults filled in (dayzero.spec.DEFAULTS)
         self.dtype = dtype
         self.device_ = torch.device(device)
+        self.parallel = current()  # this process's tensor-parallel rank (dayzero.parallel): its share of the heads
+        if self.parallel.tp_size > 1 and not self.tensor_parallel:
+            raise NotImplementedError(f"tensor parallelism (--tp {self.parallel.tp_size}) is not built for "
+                                      f"{spec.model_type} yet; run it with --tp 1")
+
+    tensor_parallel: ClassVar[bool] = False  # the model's modules split over tensor-parallel ranks
+
+    def cache_spec(self) -> ModelSpec:
+        """The spec this rank's cache is planned from: its share of each layer's heads (dayzero.parallel.spec)."""
+        return local_spec(self.spec, self.parallel)
 
     def new_cache(self, batch: int = 1, kv_cache_dtype: str = "auto"):
         return LocalCache(self, batch, kv_cache_dtype)

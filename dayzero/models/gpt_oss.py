@@ -27,8 +27,11 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats.mxfp4 import BLOCK_SIZE
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, empty_param
-from dayzero.models.layers import Embedding, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, empty_param
+from dayzero.models.layers import Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.sharded import ColumnLinear, RowLinear, VocabEmbedding, shard_target
+from dayzero.parallel import comm
+from dayzero.parallel.state import current
 from dayzero.models.rotary import rope_from_config
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
@@ -118,13 +121,24 @@ class GptOssAttention(nn.Module):
     sliding layer's streams are windowed (only the window - 1 keys the next token can see are kept)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, bias: bool, window: int | None, dtype, device):
+        """heads, kv_heads: the model's; a tensor-parallel rank holds its share of both (q, k, v split by
+        output rows, o_proj by input columns, the sinks by head)."""
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim, self.window = heads, kv_heads, head_dim, window
-        self.q_proj = Linear(hidden, heads * head_dim, bias=bias, dtype=dtype, device=device)
-        self.k_proj = Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype, device=device)
-        self.v_proj = Linear(hidden, kv_heads * head_dim, bias=bias, dtype=dtype, device=device)
-        self.o_proj = Linear(heads * head_dim, hidden, bias=bias, dtype=dtype, device=device)
-        self.sinks = empty_param((heads,), torch.float32, device)
+        p = current()
+        self.head_range = p.split(heads, "num_attention_heads")
+        self.heads, self.kv_heads = heads // p.tp_size, kv_heads // p.tp_size
+        self.full_heads, self.head_dim, self.window = heads, head_dim, window
+        kw = dict(bias=bias, dtype=dtype, device=device)
+        self.q_proj = ColumnLinear(hidden, heads * head_dim, name="q_proj", **kw)
+        self.k_proj = ColumnLinear(hidden, kv_heads * head_dim, name="k_proj (num_key_value_heads)", **kw)
+        self.v_proj = ColumnLinear(hidden, kv_heads * head_dim, name="v_proj (num_key_value_heads)", **kw)
+        self.o_proj = RowLinear(heads * head_dim, hidden, name="o_proj", **kw)
+        self.sinks = empty_param((self.heads,), torch.float32, device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        targets = collect_weight_targets(self, prefix)
+        targets[prefix + "sinks"] = shard_target(self.sinks, (self.full_heads,), 0, *self.head_range)
+        return targets
 
     def post_load(self) -> None:
         """q, k and v as one projection: one [(H + 2 Hkv) D, hidden] matrix whose row blocks the three
@@ -168,7 +182,7 @@ class GptOssDecoderLayer(nn.Module):
 class GptOssModel(nn.Module):
     def __init__(self, vocab: int, hidden: int, layers: list[GptOssDecoderLayer], eps: float, dtype, device):
         super().__init__()
-        self.embed_tokens = Embedding(vocab, hidden, dtype, device)
+        self.embed_tokens = VocabEmbedding(vocab, hidden, dtype, device)
         self.layers = nn.ModuleList(layers)
         self.norm = GptOssRMSNorm(hidden, eps, dtype, device)
 
@@ -176,6 +190,7 @@ class GptOssModel(nn.Module):
 @register_model
 class GptOssForCausalLM(CausalLM):
     model_types = ("gpt_oss",)
+    tensor_parallel = True  # attention heads, embedding and lm_head split; the experts replicated
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
@@ -196,7 +211,9 @@ class GptOssForCausalLM(CausalLM):
             mlp = GptOssMLP(hidden, experts.num, experts.top_k, experts.intermediate_size, experts.format, act, dtype, device)
             layers.append(GptOssDecoderLayer(attention, mlp, hidden, eps, dtype, device))
         self.model = GptOssModel(spec.vocab_size, hidden, layers, eps, dtype, device)
-        self.lm_head = None if spec.tie_word_embeddings else Linear(hidden, spec.vocab_size, dtype=dtype, device=device)
+        self.lm_head = None if spec.tie_word_embeddings else ColumnLinear(hidden, spec.vocab_size, gather=True,
+                                                                          name="lm_head (vocab_size)", dtype=dtype,
+                                                                          device=device)
 
     @staticmethod
     def _rope(config: dict, head_dim: int, where: str):
@@ -225,5 +242,6 @@ class GptOssForCausalLM(CausalLM):
         if cache.logits_indices is not None:
             h = h[cache.logits_indices]
         h = self.model.norm(h)
-        logits = self.lm_head(h) if self.lm_head is not None else ops.linear(h, self.model.embed_tokens.weight)
-        return logits.float()
+        if self.lm_head is not None:
+            return self.lm_head(h).float()
+        return comm.all_gather(ops.linear(h, self.model.embed_tokens.weight), dim=-1).float()  # a rank's vocabulary

@@ -11,6 +11,9 @@ uint8 / F8_E8M0). Per tensor:
                              A tensor above `piece_bytes` is cut into pieces that any thread reads.
     otherwise                read whole into the thread's buffer (pinned on CUDA), moved to the device,
                              then assign(tensor): conversions run where the weights live.
+    a shard (dim, start, stop)  only that slice is read (one read a run of the dimensions before dim:
+                             a tensor-parallel rank never reads the other ranks' shares), then as above
+                             through assign.
 
 "Fit": same byte count, dest contiguous, and the stored dtype is dest's, or both are single-byte
 packed dtypes (uint8, int8, float8_e8m0fnu). Float formats are never reinterpreted: a bf16 tensor
@@ -60,9 +63,10 @@ class Target(Protocol):
 class _Read:
     info: TensorInfo
     target: Any
-    lo: int  # byte range [lo, hi) of the tensor
+    lo: int  # byte range [lo, hi) of the tensor (a shard: 0 and its bytes)
     hi: int
     direct: bool  # into target.dest, else whole through assign
+    shard: bool = False  # only target.shard's slice, through assign
 
 
 def resolve_threads(threads: int | None) -> int:
@@ -94,7 +98,7 @@ def fill_targets(checkpoint: Checkpoint, targets: Mapping[str, Target], *, devic
     infos = sorted((checkpoint.tensors[name] for name in targets), key=lambda i: (str(i.file), i.start))
     items = _work_items(infos, targets, piece_bytes)
     threads = max(1, min(resolve_threads(threads), len(items)))
-    total = sum(i.nbytes for i in infos)
+    total = sum(_read_bytes(i, targets[i.name]) for i in infos)
     bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="Loading weights",
                disable=not (progress and sys.stderr.isatty()))
     fds = {path: os.open(path, os.O_RDONLY) for path in dict.fromkeys(i.file for i in infos)}
@@ -120,7 +124,7 @@ def fill_targets(checkpoint: Checkpoint, targets: Mapping[str, Target], *, devic
         torch.cuda.synchronize(device)
     bytes_by_dtype = Counter()
     for info in infos:
-        bytes_by_dtype[info.dtype] += info.nbytes
+        bytes_by_dtype[info.dtype] += _read_bytes(info, targets[info.name])
     return LoadSummary(len(infos), len(fds), dict(bytes_by_dtype.most_common()), time.perf_counter() - t0,
                        str(device), threads)
 
@@ -136,12 +140,39 @@ def _dest_bytes(info: TensorInfo, target: Target) -> torch.Tensor | None:
     return dest.reshape(-1).view(torch.uint8)
 
 
+def _shard_geometry(info: TensorInfo, shard: tuple[int, int, int]) -> tuple[int, int, int, tuple[int, ...]]:
+    """(runs, bytes a run, bytes between runs, the slice's shape) of shard (dim, start, stop) of the stored
+    tensor: the slice is `runs` contiguous runs, the first at byte start x (bytes a unit of dim)."""
+    dim, start, stop = shard
+    shape = tuple(info.torch_shape)
+    if not (0 <= dim < len(shape) and 0 <= start < stop <= shape[dim]):
+        raise ValueError(f"{info.file}: tensor {info.name!r} {list(shape)}: no slice [{start}, {stop}) along dim {dim}")
+    unit = info.torch_dtype.itemsize
+    for n in shape[dim + 1:]:
+        unit *= n
+    runs = 1
+    for n in shape[:dim]:
+        runs *= n
+    return runs, (stop - start) * unit, shape[dim] * unit, shape[:dim] + (stop - start,) + shape[dim + 1:]
+
+
+def _read_bytes(info: TensorInfo, target: Target) -> int:
+    shard = getattr(target, "shard", None)
+    if shard is None:
+        return info.nbytes
+    runs, run, _, _ = _shard_geometry(info, shard)
+    return runs * run
+
+
 def _work_items(infos: list[TensorInfo], targets: Mapping[str, Target], piece_bytes: int) -> list[list[_Read]]:
     items: list[list[_Read]] = []
     run: list[_Read] = []
     run_bytes = 0
     for info in infos:
         target = targets[info.name]
+        if getattr(target, "shard", None) is not None:  # its own item: a slice through assign
+            items.append([_Read(info, target, 0, _read_bytes(info, target), False, shard=True)])
+            continue
         direct = _dest_bytes(info, target) is not None
         n = info.nbytes
         if run and (run_bytes + n > piece_bytes or run[-1].info.file != info.file or (direct and n > piece_bytes)):
@@ -172,7 +203,9 @@ class _Reader:
         if self.stop.is_set():
             return
         for r in item:
-            if r.direct:
+            if r.shard:
+                self._read_shard(r)
+            elif r.direct:
                 self._read_direct(r)
             else:
                 self._read_assign(r)
@@ -195,6 +228,16 @@ class _Reader:
         with torch.no_grad():
             r.target.assign(tensor.to(self.device))
 
+    def _read_shard(self, r: _Read) -> None:
+        runs, run, stride, shape = _shard_geometry(r.info, r.target.shard)
+        staging = self._buffer(runs * run)
+        first = r.target.shard[1] * (run // (r.target.shard[2] - r.target.shard[1]))
+        for i in range(runs):
+            self._pread_at(staging[i * run:(i + 1) * run], r.info, r.info.start + i * stride + first)
+        tensor = staging.view(r.info.torch_dtype).reshape(shape)
+        with torch.no_grad():
+            r.target.assign(tensor.to(self.device))
+
     def _buffer(self, nbytes: int) -> torch.Tensor:
         buf = getattr(self.local, "buffer", None)
         if buf is None or buf.numel() < nbytes:
@@ -205,13 +248,16 @@ class _Reader:
 
     def _pread(self, out: torch.Tensor, r: _Read) -> None:
         """Bytes [r.lo, r.hi) of r's tensor into the CPU uint8 tensor `out`."""
-        info = r.info
+        self._pread_at(out, r.info, r.info.start + r.lo)
+
+    def _pread_at(self, out: torch.Tensor, info: TensorInfo, offset: int) -> None:
+        """len(out) bytes of info's file from `offset` into the CPU uint8 tensor `out`."""
         view = memoryview(out.numpy())
-        fd, offset, done = self.fds[info.file], info.start + r.lo, 0
+        fd, done = self.fds[info.file], 0
         while done < len(view):  # a read may return less than asked (and at most ~2 GiB on Linux)
             n = os.preadv(fd, [view[done:]], offset + done)
             if not n:
                 raise CorruptCheckpointError(
-                    f"{info.file}: tensor {info.name!r}: file ended after {r.lo + done} of its {info.nbytes} "
+                    f"{info.file}: tensor {info.name!r}: file ended {offset + done - info.start} bytes into its {info.nbytes} "
                     f"bytes; it was truncated after opening", tensor=info.name, file=info.file)
             done += n

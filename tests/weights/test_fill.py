@@ -210,3 +210,42 @@ def test_one_file_two_threads(tmp_path, tensors):
     assert summary.threads == 2 and summary.num_files == 1
     assert same_bits(params["embed.weight"], tensors["embed.weight"])
     assert same_bits(params["dense.weight"], tensors["dense.weight"])
+
+
+@dataclass
+class ShardTarget:
+    assign: Callable[[torch.Tensor], None]
+    shard: tuple[int, int, int]
+    dest: torch.Tensor | None = None
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_shard_reads_only_its_slice_along_any_dim(sharded, tensors, threads):
+    """A tensor-parallel rank's targets: random slices along dims 0, 1 and 2 (packed and float dtypes);
+    each assign gets exactly the stored tensor's slice, and the bytes read are the slices' alone."""
+    import random
+
+    rng = random.Random(threads)
+    checkpoint = Checkpoint.open(sharded)
+    got, want, targets, expected_bytes = {}, {}, {}, 0
+    for name, t in tensors.items():
+        if t.dim() == 0 or name == "dense.scale":
+            continue
+        dim = rng.randrange(t.dim())
+        start = rng.randrange(t.shape[dim])
+        stop = rng.randint(start + 1, t.shape[dim])
+        want[name] = t.narrow(dim, start, stop - start)
+        targets[name] = ShardTarget(lambda x, n=name: got.__setitem__(n, x.clone()), (dim, start, stop))
+        expected_bytes += want[name].numel() * want[name].element_size()
+    summary = fill_targets(checkpoint, targets, device="cpu", threads=threads, progress=False)
+    assert set(got) == set(want)
+    for name in want:
+        assert same_bits(got[name], want[name]), name
+    assert summary.total_bytes == expected_bytes
+
+
+def test_a_shard_outside_the_tensor_is_named(sharded, tensors):
+    checkpoint = Checkpoint.open(sharded)
+    target = ShardTarget(lambda x: None, (1, 60, 70))
+    with pytest.raises(ValueError, match=r"embed\.weight.*\[60, 70\) along dim 1"):
+        fill_targets(checkpoint, {"embed.weight": target}, device="cpu", threads=1, progress=False)

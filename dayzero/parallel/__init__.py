@@ -1,0 +1,17 @@
+"""Tensor and expert parallelism over torch.distributed: one process per device, NCCL on GPUs and gloo on
+the CPU, no transport of our own.
+
+    state.py   this process's place in the job (`Parallel`: tensor-parallel rank and size, the process
+               group), set once per process by `init_process`; `current()` everywhere else
+    comm.py    the collectives the model files call (all-reduce, all-gather over the tensor-parallel
+               group; broadcast of a step's host objects from rank 0), no-ops at size 1
+    spec.py    a rank's share of a ModelSpec (its attention heads), from which its cache is planned
+
+The sharded modules (column / row parallel projections, vocabulary-parallel embedding and lm_head) are
+model code: dayzero/models/sharded.py. Weight loading reads only a rank's slice of each sharded tensor
+(dayzero.weights.fill, `WeightTarget.shard`).
+"""
+
+from dayzero.parallel.state import Parallel, current, init_process, shutdown
+
+__all__ = ["Parallel", "current", "init_process", "shutdown"]
