@@ -30,6 +30,7 @@ from dayzero.engine.graphs import DecodeGraphs, GraphCaptureError
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
 from dayzero.engine.scheduler import Scheduler
+from dayzero.engine.tp_workers import PoolConfig
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
 from dayzero.startup import StartupTimer
@@ -96,7 +97,7 @@ class Engine:
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
                  kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False,
                  async_scheduling: bool | None = None,
-                 startup: StartupTimer | None = None):
+                 startup: StartupTimer | None = None, peers=None):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
         (PagedRunner) with prefix caching (enable_prefix_caching) and, for models with recurrent
@@ -104,7 +105,9 @@ class Engine:
         kv_cache_dtype: "auto" (the model's dtype) or "fp8_e4m3". cuda_graphs: on CUDA, decode steps replay
         graphs captured per batch-size bucket (dayzero.engine.graphs) where the model allows it (else
         the log says why); progress: a bar while capturing. startup: the timer the engine's phases are
-        recorded in (cache_layout, kv_pool, capture; self.startup, a fresh one when not given)."""
+        recorded in (cache_layout, kv_pool, capture; self.startup, a fresh one when not given). peers: the
+        other tensor-parallel ranks (dayzero.engine.tp_workers.Workers): they size their pools as this one
+        and run every step; their steps run eagerly and synchronously (no graphs, no async scheduling yet)."""
         self.startup = startup if startup is not None else StartupTimer()
         self.model = model
         self.tokenizer = tokenizer
@@ -138,6 +141,13 @@ class Engine:
             phase.bytes = storage.nbytes
             phase.detail = f"{' + '.join(map(str, blocks))} blocks of {block_size} tokens"
         self.runner = PagedRunner(model, kv, storage, snapshots)
+        if peers is not None:
+            peers.configure(PoolConfig(blocks, block_size, max_num_seqs, num_state_snapshots))
+            self.runner.peers = peers
+            if cuda_graphs and model.device_.type == "cuda":
+                log.info("%s: decode steps run eagerly: CUDA graphs with tensor parallelism are not built yet",
+                         model.spec.model_type)
+            cuda_graphs = async_scheduling = False
         if cuda_graphs and model.device_.type == "cuda":
             blocker = model.cuda_graph_blocker(self.max_model_len)
             if blocker is None:

@@ -5,6 +5,7 @@ validated before any is queued: a bad one raises ValueError naming the value and
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 from dataclasses import dataclass, field
@@ -13,10 +14,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from dayzero import settings
+from dayzero.engine import tp_workers
 from dayzero.engine.engine import Engine, eos_token_ids, load_tokenizer
 from dayzero.engine.sampling import SamplingParams, TokenLogprobs
-from dayzero.kernels import moe as moe_kernels
+from dayzero.engine.workspace import attach_expert_workspace
 from dayzero.ops import REGISTRY
 from dayzero.startup import StartupTimer
 
@@ -65,7 +66,7 @@ class LLM:
                  num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto",
                  fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
                  cuda_graphs: bool = True, enforce_eager: bool = False, load_threads: int | None = None,
-                 async_scheduling: bool | None = None):
+                 async_scheduling: bool | None = None, tensor_parallel_size: int = 1):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
@@ -80,6 +81,8 @@ class LLM:
         async_scheduling (vLLM's name): the host schedules and launches each step while the last one's
         sampled ids are still on their way (Engine._step_async); None (default): on CUDA, where the host
         work overlaps the GPU's (the CPU runs its ops synchronously: nothing to overlap).
+        tensor_parallel_size (vLLM's name): processes the model is split over, one per device (CUDA devices
+        0 .. n - 1, or the CPU with gloo), this one rank 0 (dayzero.engine.tp_workers); `close()` ends them.
         Startup is timed phase by phase: `llm.startup` (a dayzero.startup.StartupTimer: .report(), .as_dict()),
         and its one-line summary is logged at INFO on the "dayzero.engine.llm" logger."""
         from dayzero.models import load_model
@@ -96,6 +99,15 @@ class LLM:
             from dayzero.model_path import checkpoint_dir  # a missing path is an error naming it
 
             self.path = checkpoint_dir(model)
+        self.workers = None
+        if tensor_parallel_size != 1:
+            if not isinstance(tensor_parallel_size, int) or isinstance(tensor_parallel_size, bool) or tensor_parallel_size < 1:
+                raise ValueError(f"tensor_parallel_size must be a whole number >= 1, got {tensor_parallel_size!r}")
+            with timer.phase("ranks", detail=f"{tensor_parallel_size} tensor-parallel processes"):
+                self.workers = tp_workers.start(tensor_parallel_size, tp_workers.WorkerArgs(
+                    str(self.path), device, DTYPES[dtype], kv_cache_dtype, fp8_workspace_gib, max_num_batched_tokens,
+                    load_threads))
+            atexit.register(self.workers.close)
         self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress,
                                 threads=load_threads, startup=timer)  # config, model, checkpoint, weights, post_load
         with timer.phase("tokenizer"):
@@ -116,11 +128,16 @@ class LLM:
                                  kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
                                  num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
                                  cuda_graphs=cuda_graphs and not enforce_eager, progress=progress, startup=timer,
-                                 async_scheduling=async_scheduling)
+                                 async_scheduling=async_scheduling, peers=self.workers)
         logger.info("%s", timer.summary())
         self.vocab_size = self.engine.vocab_size
         self.max_model_len = self.engine.max_model_len
         self._ids = itertools.count()
+
+    def close(self) -> None:
+        """End the tensor-parallel workers (nothing to do in one process); the LLM cannot run after."""
+        if self.workers is not None:
+            self.workers.close()
 
     @property
     def scheduler(self):
@@ -196,35 +213,6 @@ class LLM:
 
 
 RESERVE_FRACTION = 0.05  # of the device's memory, kept for activations, allocator slack and the runtime
-
-
-def _workspace_takers(model) -> list:
-    """The model's modules that pass an FP8 expert workspace to their routed-expert op (a class attribute
-    `fp8_workspace`, None until the engine sets it; the MXFP4 expert modules have it)."""
-    return [m for m in model.modules() if hasattr(type(m), "fp8_workspace")]
-
-
-def attach_expert_workspace(model, gib: float | None, max_tokens: int):
-    """Make the FP8 expert workspace of path B where the kernel library needs one and hand it to the
-    model's MoE layers; returns it, or None. Its size is kernels.moe.workspace_bytes: 0 (no workspace)
-    wherever the library never chooses path B, so the KV budget (which subtracts it) and the kernels'
-    own choice agree. gib: LLM(fp8_workspace_gib=); 0 turns the workspace, and path B, off."""
-    e = model.spec.experts
-    takers = _workspace_takers(model)
-    nbytes = 0
-    if e is not None and takers:
-        nbytes = moe_kernels.workspace_bytes(e.format, e.num, e.top_k, e.input_dim, e.intermediate_size, max_tokens,
-                                             moe_kernels.Device.of(model.device_), settings.get(), gib=gib)
-    if nbytes == 0:
-        if gib:
-            raise ValueError(f"fp8_workspace_gib={gib}: this model's experts ({e.format if e else 'none'}) on "
-                             f"{model.device_} never run path B, which is what the workspace is for (MXFP4 experts "
-                             f"on CUDA other than sm_90, or DAYZERO_VARIANT=moe_experts_mxfp4=fp8); leave it unset")
-        return None
-    workspace = moe_kernels.Fp8Workspace(nbytes, model.device_, prefetch=settings.get().fp8_prefetch)
-    for module in takers:
-        module.fp8_workspace = workspace
-    return workspace
 
 
 def _kv_budget_from_fraction(model, mem_fraction: float, workspace: int) -> float:

@@ -20,6 +20,7 @@ running the forward eagerly; `num_graph_steps` counts those.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
@@ -45,6 +46,7 @@ class PagedRunner:
         self.graphs = None  # DecodeGraphs, when decode steps replay CUDA graphs
         self.host_tables = defaultdict(HostTables)  # per cache group: tables converted incrementally
         self.num_graph_steps = 0
+        self.peers = None  # the other tensor-parallel ranks (dayzero.engine.tp_workers.Workers), when any
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, pending: tuple[list[str], torch.Tensor] | None = None
@@ -55,14 +57,15 @@ class PagedRunner:
         whose values the host does not have yet: an input token given as PENDING is read from there."""
         for rid in output.preempted:
             self.free(rid)
-        for s in output.scheduled:  # restore every resumed state before the forward
+        restores = []  # (snapshot slot, state slot): every resumed state, restored before the forward
+        for s in output.scheduled:
             rid = s.request.request_id
             if rid not in self.slots:
                 if not self._free_slots:
                     raise RuntimeError(f"no state slot for request {rid!r}: more running requests than max_num_seqs")
                 self.slots[rid] = self._free_slots.pop()
                 if s.num_computed_tokens and self.stateful:
-                    self._restore(s)
+                    restores.append(self._restore(s))
         if not output.scheduled:
             return [], None
         order = sorted(output.scheduled, key=lambda s: s.num_new_tokens != 1 or not s.num_computed_tokens)  # decodes first
@@ -70,23 +73,24 @@ class PagedRunner:
                          self.slots[s.request.request_id], s.samples,
                          s.request.token_ids(s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens))
                  for s in order]
-        patch = self._pending_inputs(order, steps, pending)
-        if self.graphs is not None and self.graphs.takes(steps):
-            logits = self.graphs.run(steps, patch)
-            self.num_graph_steps += 1
-        else:
-            meta = build_step(steps, self.storage.layout, self.kv.block_size, self.device, self.host_tables)
-            if patch is not None:
-                patch(meta.input_ids)
-            logits = self.model.forward_packed(meta.input_ids, meta.positions,
-                                               PagedStepCache(self.storage, meta, self.model.spec.num_layers))
-        self.num_forwards += 1
-        self.num_tokens += sum(s.num_new for s in steps)
+        snapshots = []  # (state slot, snapshot slot): states saved after the forward, at block boundaries
         if self.stateful and self.snapshots is not None:
             for s in order:
                 done = s.num_computed_tokens + s.num_new_tokens
                 if done % self.kv.block_size == 0:
-                    self._snapshot(s, done)
+                    snapshots += self._snapshot(s, done)
+        patch = self._pending_inputs(order, steps, pending)
+        if self.peers is not None:  # the other tensor-parallel ranks run the same step on their shares
+            self.peers.send(StepMessage(restores, steps, snapshots))
+        message = StepMessage(restores, steps, snapshots)
+        if self.graphs is not None and self.graphs.takes(steps):
+            logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch,
+                              forward=lambda: self.graphs.run(steps, patch))
+            self.num_graph_steps += 1
+        else:
+            logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch)
+        self.num_forwards += 1
+        self.num_tokens += sum(s.num_new for s in steps)
         return [s.request.request_id for s in order if s.samples], logits if logits.shape[0] else None
 
     def _pending_inputs(self, order: list[ScheduledRequest], steps: list[SeqStep], pending):
@@ -124,17 +128,47 @@ class PagedRunner:
             self._free_slots.append(slot)
 
     # -- recurrent-state snapshots ----------------------------------------------------------------
-    def _snapshot(self, s: ScheduledRequest, num_tokens: int) -> None:
-        """Save the request's state after its first num_tokens tokens (a block boundary)."""
+    def _snapshot(self, s: ScheduledRequest, num_tokens: int) -> list[tuple[int, int]]:
+        """Where to save the request's state after its first num_tokens tokens (a block boundary): [] or
+        [(its state slot, the snapshot's slot)]."""
         block_hash = self.kv.block_hashes(s.request, num_tokens // self.kv.block_size)[-1]
         slot = self.snapshots.insert(block_hash)
-        if slot is not None:
-            self.storage.copy_state(self.slots[s.request.request_id], self.storage.num_state_slots + slot)
+        return [] if slot is None else [(self.slots[s.request.request_id], self.storage.num_state_slots + slot)]
 
-    def _restore(self, s: ScheduledRequest) -> None:
+    def _restore(self, s: ScheduledRequest) -> tuple[int, int]:
+        """(the snapshot's slot, the request's state slot) to copy before the step."""
         block_hash = self.kv.block_hashes(s.request, s.num_computed_tokens // self.kv.block_size)[-1]
         slot = None if self.snapshots is None else self.snapshots.lookup(block_hash)
         if slot is None:
             raise RuntimeError(f"request {s.request.request_id!r} resumes at token {s.num_computed_tokens} but no "
                                f"state snapshot exists there; the KV manager must only match snapshotted prefixes")
-        self.storage.copy_state(self.storage.num_state_slots + slot, self.slots[s.request.request_id])
+        return self.storage.num_state_slots + slot, self.slots[s.request.request_id]
+
+
+@dataclass
+class StepMessage:
+    """One step as every rank runs it (host values only, picklable: what rank 0 sends the others)."""
+
+    restores: list[tuple[int, int]]  # state copies (src, dst) before the forward
+    steps: list[SeqStep]
+    snapshots: list[tuple[int, int]]  # state copies (src, dst) after it
+
+
+def run_step(model: CausalLM, storage: PagedKVStorage, block_size: int, host_tables, message: StepMessage,
+             patch=None, forward=None) -> torch.Tensor:
+    """The step on this rank: restore states, one packed forward (the logits of the sampled rows), save
+    snapshots. patch: writes pending input ids into the step's device ids (async scheduling); forward:
+    what runs instead of the eager forward (a graph replay)."""
+    for src, dst in message.restores:
+        storage.copy_state(src, dst)
+    if forward is not None:
+        logits = forward()
+    else:
+        meta = build_step(message.steps, storage.layout, block_size, model.device_, host_tables)
+        if patch is not None:
+            patch(meta.input_ids)
+        logits = model.forward_packed(meta.input_ids, meta.positions,
+                                      PagedStepCache(storage, meta, model.spec.num_layers))
+    for src, dst in message.snapshots:
+        storage.copy_state(src, dst)
+    return logits

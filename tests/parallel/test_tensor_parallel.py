@@ -45,7 +45,7 @@ def _rank(rank: int, size: int, port: int, path: str, prompt: torch.Tensor, resu
         model = load_model(path, device="cpu", dtype=torch.float32, progress=False)
         logits = _logits(model, prompt)
         read = sum(p.numel() * p.element_size() for p in model.parameters())
-        results.put((rank, [x.clone() for x in logits], read))
+        results.put((rank, [x.numpy() for x in logits], read))  # by value: the process ends next
     finally:
         shutdown()
 
@@ -57,7 +57,7 @@ def _run_split(path, prompt, size: int = 2):
     procs = [ctx.Process(target=_rank, args=(r, size, port, str(path), prompt, results)) for r in range(size)]
     for p in procs:
         p.start()
-    got = dict((r, (x, n)) for r, x, n in (results.get(timeout=120) for _ in procs))
+    got = {r: ([torch.from_numpy(a) for a in x], n) for r, x, n in (results.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
@@ -82,3 +82,37 @@ def test_tensor_parallel_gpt_oss_gives_the_unsplit_models_logits(tmp_path, layou
     whole_bytes = sum(p.numel() * p.element_size() for p in whole.parameters())
     for rank, (_, held) in got.items():  # each holds half of every attention projection (and the vocab)
         assert held <= whole_bytes - attention // 2 + 1024, (rank, held, whole_bytes)
+
+
+def test_llm_with_tensor_parallel_size_2_gives_one_processs_tokens_and_logprobs(tmp_path):
+    """The LLM API (vLLM's tensor_parallel_size=): rank 0 schedules and samples, the worker runs every
+    step on its share; prompts past the window in one batch, chunked prefill, then a second turn that
+    reuses the cached prefix."""
+    from dayzero.engine.llm import LLM
+    from dayzero.engine.sampling import SamplingParams
+
+    path = build_gpt_oss_checkpoint(tmp_path, seed=5, num_attention_heads=4, num_key_value_heads=2, sliding_window=5)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 17, 40)]
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=1)
+    kwargs = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=4)
+
+    def run(llm):
+        first = llm.generate(prompts, params)
+        second = llm.generate([prompts[3] + first[3].outputs[0].token_ids + [7, 8]], params)
+        outs = [o.outputs[0] for o in first + second]
+        hits = sum(pool.prefix_hits for pool in llm.engine.scheduler.kv.pools)
+        return [o.token_ids for o in outs], [[lp.logprob for lp in o.logprobs] for o in outs], hits
+
+    one = LLM(path, **kwargs)
+    want_tokens, want_logprobs, _ = run(one)
+    split = LLM(path, tensor_parallel_size=2, **kwargs)
+    try:
+        tokens, logprobs, hits = run(split)
+        assert split.workers is not None and split.workers.size == 2
+    finally:
+        split.close()
+    assert tokens == want_tokens
+    assert hits >= 2  # the second turn's prompt found the first turn's blocks
+    for got, want in zip(logprobs, want_logprobs):
+        assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
