@@ -66,7 +66,8 @@ class LLM:
                  num_state_snapshots: int | None = None, kv_cache_dtype: str = "auto",
                  fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
                  cuda_graphs: bool = True, enforce_eager: bool = False, load_threads: int | None = None,
-                 async_scheduling: bool | None = None, tensor_parallel_size: int = 1):
+                 async_scheduling: bool | None = None, tensor_parallel_size: int = 1,
+                 expert_parallel_size: int = 1):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
@@ -81,8 +82,10 @@ class LLM:
         async_scheduling (vLLM's name): the host schedules and launches each step while the last one's
         sampled ids are still on their way (Engine._step_async); None (default): on CUDA, where the host
         work overlaps the GPU's (the CPU runs its ops synchronously: nothing to overlap).
-        tensor_parallel_size (vLLM's name): processes the model is split over, one per device (CUDA devices
-        0 .. n - 1, or the CPU with gloo), this one rank 0 (dayzero.engine.tp_workers); `close()` ends them.
+        tensor_parallel_size (vLLM's name), expert_parallel_size: the model split over tp x ep processes, one
+        per device (CUDA devices 0 .. n - 1, or the CPU with gloo), this one rank 0: attention and dense
+        layers over tp, the routed experts over ep (dayzero.parallel.state, dayzero.engine.tp_workers);
+        `close()` ends them.
         Startup is timed phase by phase: `llm.startup` (a dayzero.startup.StartupTimer: .report(), .as_dict()),
         and its one-line summary is logged at INFO on the "dayzero.engine.llm" logger."""
         from dayzero.models import load_model
@@ -100,11 +103,12 @@ class LLM:
 
             self.path = checkpoint_dir(model)
         self.workers = None
-        if tensor_parallel_size != 1:
-            if not isinstance(tensor_parallel_size, int) or isinstance(tensor_parallel_size, bool) or tensor_parallel_size < 1:
-                raise ValueError(f"tensor_parallel_size must be a whole number >= 1, got {tensor_parallel_size!r}")
-            with timer.phase("ranks", detail=f"{tensor_parallel_size} tensor-parallel processes"):
-                self.workers = tp_workers.start(tensor_parallel_size, tp_workers.WorkerArgs(
+        for name, n in (("tensor_parallel_size", tensor_parallel_size), ("expert_parallel_size", expert_parallel_size)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
+        if tensor_parallel_size * expert_parallel_size > 1:
+            with timer.phase("ranks", detail=f"tp {tensor_parallel_size} x ep {expert_parallel_size} processes"):
+                self.workers = tp_workers.start(tensor_parallel_size, expert_parallel_size, tp_workers.WorkerArgs(
                     str(self.path), device, DTYPES[dtype], kv_cache_dtype, fp8_workspace_gib, max_num_batched_tokens,
                     load_threads))
             atexit.register(self.workers.close)

@@ -1,5 +1,5 @@
-"""The other ranks of a tensor-parallel engine: processes 1 .. tp - 1, each holding its share of the model
-(dayzero/models/sharded.py) and of the KV cache, running every step rank 0 runs.
+"""The other ranks of a parallel engine: processes 1 .. tp x ep - 1 (dayzero.parallel.state), each holding
+its share of the model (dayzero/models/sharded.py) and of the KV cache, running every step rank 0 runs.
 
 Rank 0 is the engine's process: it schedules, builds each step's host description (`StepMessage`: state
 copies, the sequences' tokens, positions and block tables) and broadcasts it; every rank then runs the same
@@ -53,10 +53,14 @@ class WorkerArgs:
 
 
 class Workers:
-    """Rank 0's handle on ranks 1 .. size - 1."""
+    """Rank 0's handle on ranks 1 .. tp x ep - 1."""
 
-    def __init__(self, size: int, procs: list):
-        self.size, self.procs, self.closed = size, procs, False
+    def __init__(self, tp: int, ep: int, procs: list):
+        self.tp, self.ep, self.procs, self.closed = tp, ep, procs, False
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.ep
 
     def configure(self, pool: PoolConfig) -> None:
         comm.broadcast_objects([pool])
@@ -85,23 +89,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(size: int, args: WorkerArgs) -> Workers:
-    """Spawn ranks 1 .. size - 1 and join the job as rank 0 (returns once every rank has joined)."""
+def start(tp: int, ep: int, args: WorkerArgs) -> Workers:
+    """Spawn ranks 1 .. tp x ep - 1 and join the job as rank 0 (returns once every rank has joined)."""
     init = f"tcp://127.0.0.1:{_free_port()}"
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker_main, args=(rank, size, init, args), daemon=True,
-                         name=f"dayzero-tp{rank}") for rank in range(1, size)]
+    procs = [ctx.Process(target=_worker_main, args=(rank, tp, ep, init, args), daemon=True,
+                         name=f"dayzero-rank{rank}") for rank in range(1, tp * ep)]
     for p in procs:
         p.start()
-    init_process(size, 0, init, _rank_device(args.device, 0))
-    return Workers(size, procs)
+    init_process(tp, ep, 0, init, _rank_device(args.device, 0))
+    return Workers(tp, ep, procs)
 
 
 def _rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank}" if torch.device(device).type == "cuda" else "cpu"
 
 
-def _worker_main(rank: int, size: int, init: str, args: WorkerArgs) -> None:
+def _worker_main(rank: int, tp: int, ep: int, init: str, args: WorkerArgs) -> None:
     from dayzero.cache.paged import PagedKVStorage, checked_layout
     from dayzero.cache.step import HostTables
     from dayzero.engine.runner import run_step
@@ -109,9 +113,9 @@ def _worker_main(rank: int, size: int, init: str, args: WorkerArgs) -> None:
     from dayzero.engine.workspace import attach_expert_workspace
 
     if torch.device(args.device).type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // (tp * ep)))
     device = _rank_device(args.device, rank)
-    init_process(size, rank, init, device)
+    init_process(tp, ep, rank, init, device)
     try:
         model = load_model(Path(args.path), device=device, dtype=args.dtype, progress=False, threads=args.load_threads)
         attach_expert_workspace(model, args.fp8_workspace_gib, args.max_num_batched_tokens)

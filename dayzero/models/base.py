@@ -104,11 +104,14 @@ class CausalLM(nn.Module):
         self.dtype = dtype
         self.device_ = torch.device(device)
         self.parallel = current()  # this process's tensor-parallel rank (dayzero.parallel): its share of the heads
-        if self.parallel.tp_size > 1 and not self.tensor_parallel:
-            raise NotImplementedError(f"tensor parallelism (--tp {self.parallel.tp_size}) is not built for "
-                                      f"{spec.model_type} yet; run it with --tp 1")
+        for size, able, what, flag in ((self.parallel.tp_size, self.tensor_parallel, "tensor", "--tp"),
+                                       (self.parallel.ep_size, self.expert_parallel, "expert", "--ep")):
+            if size > 1 and not able:
+                raise NotImplementedError(f"{what} parallelism ({flag} {size}) is not built for {spec.model_type} "
+                                          f"yet; run it with {flag} 1")
 
     tensor_parallel: ClassVar[bool] = False  # the model's modules split over tensor-parallel ranks
+    expert_parallel: ClassVar[bool] = False  # its routed experts split over expert-parallel ranks
 
     def cache_spec(self) -> ModelSpec:
         """The spec this rank's cache is planned from: its share of each layer's heads (dayzero.parallel.spec)."""

@@ -29,14 +29,13 @@ from dayzero.formats.mxfp4 import BLOCK_SIZE
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, empty_param
 from dayzero.models.layers import Linear, RMSNorm, pre_norm_residuals
-from dayzero.models.sharded import ColumnLinear, RowLinear, VocabEmbedding, shard_target
+from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, shard_target
 from dayzero.parallel import comm
 from dayzero.parallel.state import current
 from dayzero.models.rotary import rope_from_config
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
 from dayzero.spec import GPT_OSS_ROPE_THETA, ModelSpec, UnsupportedModelError
-from dayzero.weights import FLOAT_DTYPES, TensorSpec
 
 
 
@@ -57,7 +56,10 @@ class GptOssExperts(nn.Module):
     fp8_workspace = None  # the engine's FP8 expert workspace, passed with the weights (dayzero/engine/llm.py)
 
     def __init__(self, num: int, hidden: int, inter: int, fmt: str, activation: Activation, dtype, device):
+        """num: the model's experts; an expert-parallel rank holds its share (ExpertShard)."""
         super().__init__()
+        self.shard = ExpertShard(num)
+        self.full_num, num = num, self.shard.num_local
         self.num, self.hidden, self.inter, self.fmt, self.activation = num, hidden, inter, fmt, activation
         if fmt == "mxfp4":
             self.w13 = empty_param((num, 2 * inter, hidden // BLOCK_SIZE, BLOCK_SIZE // 2), torch.uint8, device)
@@ -73,13 +75,7 @@ class GptOssExperts(nn.Module):
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         def target(param: torch.Tensor, shape: tuple[int, ...], convert=lambda t: t) -> WeightTarget:
-            dtype = FLOAT_DTYPES if param.dtype in FLOAT_DTYPES else param.dtype
-
-            def assign(tensor: torch.Tensor) -> None:
-                with torch.no_grad():
-                    param.copy_(convert(tensor))
-
-            return WeightTarget(TensorSpec(shape, dtype), assign)
+            return self.shard.target(param, (self.full_num, *shape[1:]), convert)
 
         e, h, i = self.num, self.hidden, self.inter
         targets = {
@@ -100,7 +96,8 @@ class GptOssExperts(nn.Module):
         experts = ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale, self.b13, self.b2,
                                 self.fp8_workspace)
         op = ops.moe_experts_mxfp4 if self.fmt == "mxfp4" else ops.moe_experts_bf16
-        return op(x, ids, weights, experts, self.activation)
+        ids, weights = self.shard.route(ids, weights)
+        return self.shard.combine(op(x, ids, weights, experts, self.activation))
 
 
 class GptOssMLP(nn.Module):
@@ -190,7 +187,8 @@ class GptOssModel(nn.Module):
 @register_model
 class GptOssForCausalLM(CausalLM):
     model_types = ("gpt_oss",)
-    tensor_parallel = True  # attention heads, embedding and lm_head split; the experts replicated
+    tensor_parallel = True  # attention heads, embedding and lm_head split over tp
+    expert_parallel = True  # the routed experts over ep
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)

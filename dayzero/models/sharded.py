@@ -10,6 +10,10 @@ the plain module of dayzero/models/layers.py, with the same checkpoint names.
                      once after
     VocabEmbedding   vocabulary rows split: each rank looks up the ids in its range, zeros elsewhere, and
                      the rows are summed over ranks
+    ExpertShard      the routed experts [start, stop) an expert-parallel rank holds (dim 0 of every stacked
+                     expert tensor): routing to them (a slot routed elsewhere goes to local expert 0 with
+                     weight 0) and the combine, a sum over the ranks holding the others (every rank has
+                     every token; an all-to-all dispatch would send each token only where its experts are)
 
 FP8 block-scaled weights split on whole scale blocks: a rank's share of the split dimension must be a
 multiple of the block (else the error names the projection and the sizes).
@@ -133,3 +137,35 @@ class VocabEmbedding(Embedding):
         mine = (token_ids >= start) & (token_ids < stop)
         rows = ops.embedding(torch.where(mine, token_ids - start, 0), self.weight)
         return comm.all_reduce(rows * mine.unsqueeze(-1).to(rows.dtype))
+
+
+class ExpertShard:
+    def __init__(self, num: int, parallel: Parallel | None = None):
+        self.parallel = p = parallel or current()
+        self.num = num
+        self.start, self.stop = p.split_experts(num)
+
+    @property
+    def num_local(self) -> int:
+        return self.stop - self.start
+
+    def target(self, param: torch.Tensor, full_shape: tuple[int, ...], convert=lambda t: t) -> WeightTarget:
+        """param's target: experts [start, stop) of the stored [num, ...] tensor, converted by `convert`."""
+        dtype = FLOAT_DTYPES if param.dtype in FLOAT_DTYPES else param.dtype
+
+        def assign(tensor: torch.Tensor) -> None:
+            with torch.no_grad():
+                param.copy_(convert(tensor))
+
+        shard = None if self.parallel.ep_size == 1 else (0, self.start, self.stop)
+        return WeightTarget(TensorSpec(tuple(full_shape), dtype), assign, shard=shard)
+
+    def route(self, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global top-k ids / weights [T, k] -> this rank's local ids and weights (0 for other ranks' experts)."""
+        if self.parallel.ep_size == 1:
+            return ids, weights
+        mine = (ids >= self.start) & (ids < self.stop)
+        return torch.where(mine, ids - self.start, 0), torch.where(mine, weights, 0)
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        return comm.all_reduce_experts(y)

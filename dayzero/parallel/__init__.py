@@ -1,10 +1,11 @@
 """Tensor and expert parallelism over torch.distributed: one process per device, NCCL on GPUs and gloo on
 the CPU, no transport of our own.
 
-    state.py   this process's place in the job (`Parallel`: tensor-parallel rank and size, the process
-               group), set once per process by `init_process`; `current()` everywhere else
+    state.py   this process's place in the job (`Parallel`: tensor- and expert-parallel ranks and sizes,
+               their process groups), set once per process by `init_process`; `current()` elsewhere
     comm.py    the collectives the model files call (all-reduce, all-gather over the tensor-parallel
-               group; broadcast of a step's host objects from rank 0), no-ops at size 1
+               group; the experts' all-reduce; broadcast of a step's host objects from rank 0), no-ops
+               where a group is one process
     spec.py    a rank's share of a ModelSpec (its attention heads), from which its cache is planned
 
 The sharded modules (column / row parallel projections, vocabulary-parallel embedding and lm_head) are

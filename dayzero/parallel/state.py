@@ -1,10 +1,18 @@
 """This process's place in a parallel job.
 
-A job of `world` processes, one per device, rank 0 the driver (it runs the scheduler and samples) and
-ranks 1 .. world - 1 workers. Tensor parallelism splits attention heads, the dense projections and the
-vocabulary over `tp` ranks. `init_process` joins the job (torch.distributed.init_process_group: NCCL on
-CUDA, gloo on the CPU) and sets the process-wide `Parallel` that `current()` returns; a process that
-never joins is the job of one (`SINGLE`), for which every collective is a no-op.
+A job of world = tp x ep processes, one per device, rank 0 the driver (it runs the scheduler and samples)
+and the others workers. Rank r is tensor-parallel rank r % tp of expert-parallel group r // tp:
+
+    tensor parallel (tp)   attention heads, the dense projections and the vocabulary split over the tp
+                           ranks of a group (consecutive ranks: [e * tp, (e + 1) * tp))
+    expert parallel (ep)   the routed experts split over the ep groups: rank r holds experts of its group
+                           index r // tp; the ranks of one expert share (the same tp rank in every group:
+                           r % tp, r % tp + tp, ...) sum their experts' outputs (an all-reduce)
+
+Every group computes the same tokens (attention is replicated over the ep groups). `init_process` joins
+the job (torch.distributed.init_process_group: NCCL on CUDA, gloo on the CPU), makes both kinds of groups
+and sets the process-wide `Parallel` that `current()` returns; a process that never joins is the job of
+one (`SINGLE`), for which every collective is a no-op.
 """
 
 from __future__ import annotations
@@ -21,24 +29,40 @@ import torch.distributed as dist
 class Parallel:
     tp_size: int = 1
     tp_rank: int = 0
-    group: Any = None  # the tensor-parallel torch.distributed ProcessGroup (None: one process)
+    ep_size: int = 1
+    ep_rank: int = 0
+    tp_group: Any = None  # this rank's tensor-parallel torch.distributed ProcessGroup (None: one process)
+    ep_group: Any = None  # the ranks that hold the other shares of the experts with it
 
     def __post_init__(self):
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tensor-parallel rank {self.tp_rank} is not in a group of size {self.tp_size}")
+        if self.ep_size < 1 or not 0 <= self.ep_rank < self.ep_size:
+            raise ValueError(f"expert-parallel rank {self.ep_rank} is not in a group of size {self.ep_size}")
 
     @property
-    def is_driver(self) -> bool:
-        return self.tp_rank == 0
+    def world_size(self) -> int:
+        return self.tp_size * self.ep_size
+
+    @property
+    def rank(self) -> int:
+        return self.ep_rank * self.tp_size + self.tp_rank
 
     def split(self, n: int, what: str) -> tuple[int, int]:
-        """[start, stop) of this rank's equal share of n items (heads, rows, vocabulary entries); `what`
-        names them in the error when n does not divide."""
-        if n % self.tp_size:
-            raise ValueError(f"{what} = {n} does not split over tensor-parallel size {self.tp_size}; "
-                             f"choose a --tp that divides it")
-        share = n // self.tp_size
-        return self.tp_rank * share, (self.tp_rank + 1) * share
+        """[start, stop) of this rank's tensor-parallel share of n items (heads, rows, vocabulary entries);
+        `what` names them in the error when n does not divide."""
+        return _share(n, self.tp_size, self.tp_rank, what, "tensor", "--tp")
+
+    def split_experts(self, n: int) -> tuple[int, int]:
+        """[start, stop) of the routed experts this rank holds."""
+        return _share(n, self.ep_size, self.ep_rank, "n_routed_experts", "expert", "--ep")
+
+
+def _share(n: int, size: int, rank: int, what: str, kind: str, flag: str) -> tuple[int, int]:
+    if n % size:
+        raise ValueError(f"{what} = {n} does not split over {kind}-parallel size {size}; choose a {flag} that divides it")
+    share = n // size
+    return rank * share, (rank + 1) * share
 
 
 SINGLE = Parallel()
@@ -50,19 +74,26 @@ def current() -> Parallel:
     return _current
 
 
-def init_process(tp_size: int, rank: int, init_method: str, device: str | torch.device = "cpu",
+def init_process(tp_size: int, ep_size: int, rank: int, init_method: str, device: str | torch.device = "cpu",
                  timeout_s: float = 600.0) -> Parallel:
-    """Join a job of tp_size processes as `rank` (init_method: torch.distributed's, e.g. tcp://host:port);
-    NCCL where the device is CUDA (device index = rank on one node), gloo on the CPU."""
+    """Join a job of tp_size x ep_size processes as `rank` (init_method: torch.distributed's, e.g.
+    tcp://host:port); NCCL where the device is CUDA (device index = rank on one node), gloo on the CPU."""
     global _current
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.set_device(device if device.index is not None else torch.device("cuda", rank))
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if tp_size > 1 or not dist.is_initialized():
-        dist.init_process_group(backend, init_method=init_method, world_size=tp_size, rank=rank,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-    _current = Parallel(tp_size, rank, dist.group.WORLD)
+    world = tp_size * ep_size
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, world_size=world,
+                            rank=rank, timeout=datetime.timedelta(seconds=timeout_s))
+    tp_group = ep_group = dist.group.WORLD
+    if ep_size > 1 and tp_size > 1:  # every rank makes every group, in the same order
+        for e in range(ep_size):
+            g = dist.new_group(list(range(e * tp_size, (e + 1) * tp_size)))
+            tp_group = g if rank // tp_size == e else tp_group
+        for t in range(tp_size):
+            g = dist.new_group(list(range(t, world, tp_size)))
+            ep_group = g if rank % tp_size == t else ep_group
+    _current = Parallel(tp_size, rank % tp_size, ep_size, rank // tp_size, tp_group, ep_group)
     return _current
 
 

@@ -1,6 +1,6 @@
-"""Tensor parallelism on the CPU (gloo): a tiny checkpoint split over 2 processes gives the logits of the
-unsplit model, prefill and every decode step, in both layouts users have; each rank reads only its share
-of the sharded tensors."""
+"""Tensor and expert parallelism on the CPU (gloo): a tiny checkpoint split over 2 and 4 processes gives the
+logits of the unsplit model, prefill and every decode step, in both layouts users have; each rank reads
+only its share of the sharded tensors."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _logits(model, prompt: torch.Tensor) -> list[torch.Tensor]:
 def _rank(rank: int, size: int, port: int, path: str, prompt: torch.Tensor, results) -> None:
     from dayzero.parallel import init_process, shutdown
 
-    init_process(size, rank, f"tcp://127.0.0.1:{port}")
+    init_process(size, 1, rank, f"tcp://127.0.0.1:{port}")
     try:
         model = load_model(path, device="cpu", dtype=torch.float32, progress=False)
         logits = _logits(model, prompt)
@@ -84,10 +84,11 @@ def test_tensor_parallel_gpt_oss_gives_the_unsplit_models_logits(tmp_path, layou
         assert held <= whole_bytes - attention // 2 + 1024, (rank, held, whole_bytes)
 
 
-def test_llm_with_tensor_parallel_size_2_gives_one_processs_tokens_and_logprobs(tmp_path):
-    """The LLM API (vLLM's tensor_parallel_size=): rank 0 schedules and samples, the worker runs every
-    step on its share; prompts past the window in one batch, chunked prefill, then a second turn that
-    reuses the cached prefix."""
+@pytest.mark.parametrize("tp,ep", [(2, 1), (1, 2), (2, 2)])
+def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, tp, ep):
+    """The LLM API (vLLM's tensor_parallel_size=, expert_parallel_size=): rank 0 schedules and samples, the
+    workers run every step on their shares; prompts past the window in one batch, chunked prefill, then a
+    second turn that reuses the cached prefix."""
     from dayzero.engine.llm import LLM
     from dayzero.engine.sampling import SamplingParams
 
@@ -106,10 +107,12 @@ def test_llm_with_tensor_parallel_size_2_gives_one_processs_tokens_and_logprobs(
 
     one = LLM(path, **kwargs)
     want_tokens, want_logprobs, _ = run(one)
-    split = LLM(path, tensor_parallel_size=2, **kwargs)
+    split = LLM(path, tensor_parallel_size=tp, expert_parallel_size=ep, **kwargs)
     try:
         tokens, logprobs, hits = run(split)
-        assert split.workers is not None and split.workers.size == 2
+        assert split.workers is not None and split.workers.size == tp * ep
+        experts = split.model.model.layers[0].mlp.experts
+        assert experts.num == 8 // ep and split.model.model.layers[0].self_attn.heads == 4 // tp
     finally:
         split.close()
     assert tokens == want_tokens
