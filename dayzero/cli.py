@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from dayzero.engine_args import add_engine_arguments
+from dayzero.engine_args import add_engine_arguments, add_parallel_arguments, parallel_kwargs
 from dayzero.model_path import checkpoint_dir, config_file
 from dayzero.server.serve import DEMO_SERVED_NAME
 
@@ -100,13 +100,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, min_p=args.min_p, seed=args.seed, stop=args.stop or [],
                             ignore_eos=args.ignore_eos)
-    llm = LLM(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
-    prompt = args.prompt
-    if args.chat:
-        prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
-    for piece in llm.stream(prompt, params):
-        print(piece, end="", flush=True)
-    print()
+    llm = LLM(model_dir, device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs, **parallel_kwargs(args))
+    try:
+        prompt = args.prompt
+        if args.chat:
+            prompt = llm.apply_chat_template([{"role": "user", "content": prompt}])
+        for piece in llm.stream(prompt, params):
+            print(piece, end="", flush=True)
+        print()
+    finally:
+        llm.close()
     return 0
 
 
@@ -218,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", help="a stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    add_parallel_arguments(p)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",

@@ -31,6 +31,7 @@ def add_engine_arguments(p: argparse.ArgumentParser, max_running_requests: int |
     p.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32")
     p.add_argument("--no-cuda-graphs", "--enforce-eager", dest="cuda_graphs", action="store_false",
                    help="run every step eagerly (default on CUDA: decode steps replay captured CUDA graphs)")
+    add_parallel_arguments(p)
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="schedule and launch each step before the last one's sampled ids reach the host "
                         "(default: on for CUDA)")
@@ -56,4 +57,19 @@ def llm_kwargs(args: argparse.Namespace) -> dict:
                 max_model_len=args.max_model_len, mem_fraction=args.mem_fraction, kv_cache_gib=args.kv_cache_gib,
                 kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=not args.disable_prefix_caching,
                 fp8_workspace_gib=args.fp8_workspace_gib, seed=args.seed, cuda_graphs=args.cuda_graphs,
-                async_scheduling=args.async_scheduling)
+                async_scheduling=args.async_scheduling, **parallel_kwargs(args))
+
+
+def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
+    """--tp and --ep (SGLang's names; vLLM's long forms too): also on `dayzero generate`."""
+    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                   help="processes the attention and dense layers are split over, one per device (default 1)")
+    p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep", type=int, default=1,
+                   help="processes the routed experts are split over; the job runs tp x ep processes (default 1)")
+
+
+def parallel_kwargs(args: argparse.Namespace) -> dict:
+    for flag, n in (("--tp", args.tp), ("--ep", args.ep)):
+        if n < 1:
+            raise ValueError(f"{flag} must be at least 1, got {n}")
+    return dict(tensor_parallel_size=args.tp, expert_parallel_size=args.ep)

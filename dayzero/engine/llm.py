@@ -107,6 +107,11 @@ class LLM:
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
         if tensor_parallel_size * expert_parallel_size > 1:
+            from dayzero.models import model_class
+            from dayzero.spec import load_spec
+
+            spec = load_spec(self.path)  # refuse what the family cannot split before starting any process
+            model_class(spec).check_parallel(spec.model_type, tensor_parallel_size, expert_parallel_size)
             with timer.phase("ranks", detail=f"tp {tensor_parallel_size} x ep {expert_parallel_size} processes"):
                 self.workers = tp_workers.start(tensor_parallel_size, expert_parallel_size, tp_workers.WorkerArgs(
                     str(self.path), device, DTYPES[dtype], kv_cache_dtype, fp8_workspace_gib, max_num_batched_tokens,

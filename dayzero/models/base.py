@@ -104,10 +104,15 @@ class CausalLM(nn.Module):
         self.dtype = dtype
         self.device_ = torch.device(device)
         self.parallel = current()  # this process's tensor-parallel rank (dayzero.parallel): its share of the heads
-        for size, able, what, flag in ((self.parallel.tp_size, self.tensor_parallel, "tensor", "--tp"),
-                                       (self.parallel.ep_size, self.expert_parallel, "expert", "--ep")):
+        self.check_parallel(spec.model_type, self.parallel.tp_size, self.parallel.ep_size)
+
+    @classmethod
+    def check_parallel(cls, model_type: str, tp: int, ep: int) -> None:
+        """NotImplementedError naming the flag when the family cannot split as asked."""
+        for size, able, what, flag in ((tp, cls.tensor_parallel, "tensor", "--tp"),
+                                       (ep, cls.expert_parallel, "expert", "--ep")):
             if size > 1 and not able:
-                raise NotImplementedError(f"{what} parallelism ({flag} {size}) is not built for {spec.model_type} "
+                raise NotImplementedError(f"{what} parallelism ({flag} {size}) is not built for {model_type} "
                                           f"yet; run it with {flag} 1")
 
     tensor_parallel: ClassVar[bool] = False  # the model's modules split over tensor-parallel ranks

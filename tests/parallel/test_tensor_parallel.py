@@ -119,3 +119,49 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
     assert hits >= 2  # the second turn's prompt found the first turn's blocks
     for got, want in zip(logprobs, want_logprobs):
         assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
+
+
+def test_a_family_without_a_split_is_refused_before_any_process_starts(tmp_path):
+    from dayzero.engine.llm import LLM
+
+    with pytest.raises(NotImplementedError, match=r"tensor parallelism \(--tp 2\) is not built for deepseek_v4"):
+        LLM(tensor_parallel_size=2)  # the demo: DeepSeek-V4
+    with pytest.raises(ValueError, match="expert_parallel_size must be a whole number >= 1, got 0"):
+        LLM(expert_parallel_size=0)
+    assert not mp.active_children()
+
+
+def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path):
+    """`dayzero serve --tp 2 --ep 2`'s engine behind the HTTP API (SGLang's /generate and the OpenAI
+    completions route, token ids in): the outputs of one process's offline LLM; the flags map to the LLM."""
+    import argparse
+
+    import httpx
+
+    from dayzero.engine.llm import LLM
+    from dayzero.engine.sampling import SamplingParams
+    from dayzero.engine_args import add_engine_arguments, llm_kwargs
+    from tests.server.conftest import start_server, stop_server
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    flags = parser.parse_args(["--tp", "2", "--ep", "2"])
+    flags.seed = 0
+    kwargs = llm_kwargs(flags)
+    assert (kwargs["tensor_parallel_size"], kwargs["expert_parallel_size"]) == (2, 2)
+    path = build_gpt_oss_checkpoint(tmp_path, seed=6, num_attention_heads=4, num_key_value_heads=2)
+    g = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23)]
+    want = [o.outputs[0].token_ids for o in LLM(path).generate(prompts, SamplingParams(max_tokens=6, temperature=0.0))]
+    running = start_server(dict(model=path, tensor_parallel_size=2, expert_parallel_size=2))
+    try:
+        sp = {"max_new_tokens": 6, "temperature": 0}
+        for p, w in zip(prompts, want):
+            r = httpx.post(f"{running.url}/generate", json={"input_ids": p, "sampling_params": sp}, timeout=60)
+            assert r.json()["output_ids"] == w
+        r = httpx.post(f"{running.url}/v1/completions", json={"model": "demo", "prompt": prompts[1],
+                                                                "max_tokens": 6, "temperature": 0}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 6, r.text
+    finally:
+        stop_server(running)
+        running.llm.close()

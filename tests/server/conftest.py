@@ -18,6 +18,7 @@ class Running:
     app: object
     server: object
     thread: threading.Thread
+    llm: object = None
 
 
 def free_port() -> int:
@@ -47,7 +48,7 @@ def start_server(llm_kwargs: dict | None = None, **config) -> Running:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the test server did not start")
         time.sleep(0.05)
-    return Running(url, app, server, thread)
+    return Running(url, app, server, thread, llm)
 
 
 def stop_server(running: Running) -> None:
