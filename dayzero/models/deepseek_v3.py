@@ -30,7 +30,10 @@ from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
-from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding
+from dayzero.parallel import comm
+from dayzero.parallel.state import current
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.spec import DEEPSEEK_ROPE_THETA, AttentionSpec, ModelSpec
@@ -66,8 +69,16 @@ class _Formats:
         return "bf16" if any(s and s in name for s in self.skip) else self.dense
 
 
-def _linear(fmts: _Formats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False) -> Linear:
-    return Linear(n_in, n_out, bias=bias, fmt=fmts.of(name), dtype=dtype, device=device, block=FP8_BLOCK)
+def _linear(fmts: _Formats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False,
+            split: str | None = None) -> Linear:
+    """split: "column" (output features over the tensor-parallel ranks), "row" (input features), or None
+    (every rank holds it whole)."""
+    kw = dict(bias=bias, fmt=fmts.of(name), dtype=dtype, device=device, block=FP8_BLOCK)
+    if split == "column":
+        return ColumnLinear(n_in, n_out, name=name, **kw)
+    if split == "row":
+        return RowLinear(n_in, n_out, name=name, **kw)
+    return Linear(n_in, n_out, **kw)
 
 
 def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
@@ -113,20 +124,23 @@ class MLAttention(nn.Module):
     def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: _Formats, prefix: str, dtype, device):
         super().__init__()
         dsa = a.kind == "dsa"
-        self.heads, self.nope, self.rope_dim = a.num_heads, a.qk_nope_head_dim, a.qk_rope_head_dim
+        heads = a.num_heads  # the model's; a tensor-parallel rank holds heads / tp of them (q, kv_b, o split)
+        self.heads, self.nope, self.rope_dim = heads // current().tp_size, a.qk_nope_head_dim, a.qk_rope_head_dim
         self.v_dim, self.rank, self.q_rank, bias = a.v_head_dim, a.kv_lora_rank, a.q_lora_rank, a.bias
         qk_dim = self.nope + self.rope_dim
         if self.q_rank is None:
-            self.q_proj = _linear(fmts, prefix + "q_proj", hidden, self.heads * qk_dim, dtype, device)
+            self.q_proj = _linear(fmts, prefix + "q_proj", hidden, heads * qk_dim, dtype, device, split="column")
         else:
             self.q_a_proj = _linear(fmts, prefix + "q_a_proj", hidden, self.q_rank, dtype, device, bias)
             self.q_a_layernorm = RMSNorm(self.q_rank, LATENT_NORM_EPS, dtype, device)
-            self.q_b_proj = _linear(fmts, prefix + "q_b_proj", self.q_rank, self.heads * qk_dim, dtype, device)
+            self.q_b_proj = _linear(fmts, prefix + "q_b_proj", self.q_rank, heads * qk_dim, dtype, device,
+                                    split="column")
         self.kv_a_proj_with_mqa = _linear(fmts, prefix + "kv_a_proj_with_mqa", hidden, self.rank + self.rope_dim,
                                           dtype, device, bias)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, device)
-        self.kv_b_proj = _linear(fmts, prefix + "kv_b_proj", self.rank, self.heads * (self.nope + self.v_dim), dtype, device)
-        self.o_proj = _linear(fmts, prefix + "o_proj", self.heads * self.v_dim, hidden, dtype, device, bias)
+        self.kv_b_proj = _linear(fmts, prefix + "kv_b_proj", self.rank, heads * (self.nope + self.v_dim), dtype, device,
+                                 split="column")
+        self.o_proj = _linear(fmts, prefix + "o_proj", heads * self.v_dim, hidden, dtype, device, bias, split="row")
         self.indexer = Indexer(a, hidden, fmts, prefix + "indexer.", dtype, device) if dsa else None
         self.interleaved = bool(config["rope_interleave"]) or dsa
         self.scale = qk_dim**-0.5 * _softmax_mscale(config) ** 2
@@ -178,10 +192,11 @@ class MLP(nn.Module):
     """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)); the dense MLP and the shared experts."""
 
     def __init__(self, fmts: _Formats, prefix: str, hidden: int, inter: int, dtype, device):
+        """The intermediate features split over the tensor-parallel ranks (gate, up by rows, down by columns)."""
         super().__init__()
-        self.gate_proj = _linear(fmts, prefix + "gate_proj", hidden, inter, dtype, device)
-        self.up_proj = _linear(fmts, prefix + "up_proj", hidden, inter, dtype, device)
-        self.down_proj = _linear(fmts, prefix + "down_proj", inter, hidden, dtype, device)
+        self.gate_proj = _linear(fmts, prefix + "gate_proj", hidden, inter, dtype, device, split="column")
+        self.up_proj = _linear(fmts, prefix + "up_proj", hidden, inter, dtype, device, split="column")
+        self.down_proj = _linear(fmts, prefix + "down_proj", inter, hidden, dtype, device, split="row")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ops.swiglu(self.gate_proj(x), self.up_proj(x)))
@@ -193,7 +208,11 @@ class Experts(nn.Module):
     -> w2[j] (and their `weight_scale_inv` into the same rows of w13_scale / w2_scale)."""
 
     def __init__(self, fmt: str, num: int, hidden: int, inter: int, dtype, device):
+        """num: the model's experts; an expert-parallel rank holds [start, stop) of them (ExpertShard), local
+        index j - start, and reads only theirs."""
         super().__init__()
+        self.shard = ExpertShard(num)
+        num = self.shard.num_local
         self.fmt, self.num, self.inter = fmt, num, inter
         wdtype = torch.float8_e4m3fn if fmt == "fp8" else dtype
         self.w13 = empty_param((num, 2 * inter, hidden), wdtype, device)
@@ -211,7 +230,7 @@ class Experts(nn.Module):
                      "up_proj": (self.w13[j, i:], "w13_scale", slice(si, 2 * si)),
                      "down_proj": (self.w2[j], "w2_scale", slice(None))}
             for proj, (weight, scale_name, rows) in views.items():
-                name = f"{prefix}{j}.{proj}.weight"
+                name = f"{prefix}{self.shard.start + j}.{proj}.weight"
                 targets[name] = copy_target(weight, name)
                 if self.fmt == "fp8":
                     targets[name + "_scale_inv"] = copy_target(getattr(self, scale_name)[j, rows], name + "_scale_inv")
@@ -241,7 +260,9 @@ class MoE(nn.Module):
         ids, weights = ops.route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, r.top_k, r.n_group,
                                                  r.topk_group, r.normalize, r.scaling_factor)
         expert_op = ops.moe_experts_fp8 if self.experts.fmt == "fp8" else ops.moe_experts_bf16
-        y = expert_op(x, ids, weights, self.experts.weights(), Activation("swiglu"))
+        shard = self.experts.shard
+        ids, weights = shard.route(ids, weights)
+        y = shard.combine(expert_op(x, ids, weights, self.experts.weights(), Activation("swiglu")))
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y.view(shape)
@@ -270,6 +291,8 @@ class DecoderLayer(nn.Module):
 @register_model
 class DeepseekV3ForCausalLM(CausalLM):
     model_types = ("deepseek_v3", "kimi_k2")
+    tensor_parallel = True  # MLA heads (q, kv_b, o), dense and shared MLPs, vocabulary; latent cache and indexer whole
+    expert_parallel = True
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
@@ -279,13 +302,14 @@ class DeepseekV3ForCausalLM(CausalLM):
         theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
         self.rope = rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])
         self.model = nn.Module()
-        self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
+        self.model.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.model.layers = nn.ModuleList(
             DecoderLayer(spec, config, fmts, i, dtype, device) for i in range(spec.num_layers)
         )
         self.model.norm = RMSNorm(spec.hidden_size, float(config["rms_norm_eps"]), dtype, device)
         if not spec.tie_word_embeddings:
-            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
+            self.lm_head = ColumnLinear(spec.hidden_size, spec.vocab_size, gather=True, name="lm_head (vocab_size)",
+                                        dtype=dtype, device=device)
 
     def layouts(self) -> tuple[Layout, ...]:
         return LAYOUTS
@@ -295,8 +319,13 @@ class DeepseekV3ForCausalLM(CausalLM):
         With n_shared_experts 0 transformers builds (and saves) zero-width shared experts, which add nothing."""
         n = self.spec.num_layers
         patterns = tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
-        if self.spec.experts is not None and not self.spec.experts.num_shared:
+        e = self.spec.experts
+        if e is not None and not e.num_shared:
             patterns += (r"\.mlp\.shared_experts\.",)
+        if e is not None and self.parallel.ep_size > 1:  # the other expert-parallel ranks' experts
+            start, stop = self.parallel.split_experts(e.num)
+            others = "|".join(str(j) for j in range(e.num) if not start <= j < stop)
+            patterns += (rf"\.mlp\.experts\.(?:{others})\.",)
         return patterns
 
     def post_load(self) -> None:
@@ -319,7 +348,7 @@ class DeepseekV3ForCausalLM(CausalLM):
             x = x[cache.logits_indices]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return ops.linear(x, head).float()
+        return comm.all_gather(ops.linear(x, head), dim=-1).float()  # a tensor-parallel rank's vocabulary
 
 
 @register_model

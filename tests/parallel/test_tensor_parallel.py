@@ -11,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 from dayzero.models import load_model
+from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 
 STEPS = 4
@@ -84,15 +85,27 @@ def test_tensor_parallel_gpt_oss_gives_the_unsplit_models_logits(tmp_path, layou
         assert held <= whole_bytes - attention // 2 + 1024, (rank, held, whole_bytes)
 
 
-@pytest.mark.parametrize("tp,ep", [(2, 1), (1, 2), (2, 2)])
-def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, tp, ep):
+# FP8 block-scaled projections split on whole 128-blocks: dims whose per-rank shares are whole blocks at tp 2
+V3_TP_DIMS = dict(qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, moe_intermediate_size=256)
+CASES = {
+    "gpt_oss": lambda d: build_gpt_oss_checkpoint(d, seed=5, num_attention_heads=4, num_key_value_heads=2,
+                                                  sliding_window=5),
+    "deepseek_v3-fp8": lambda d: build_deepseek_v3_checkpoint(d, seed=5, **V3_TP_DIMS),
+    "deepseek_v32-bf16": lambda d: build_deepseek_v32_checkpoint(d, fp8=False, seed=5),
+}
+
+
+@pytest.mark.parametrize("case,tp,ep", [("gpt_oss", 2, 1), ("gpt_oss", 1, 2), ("gpt_oss", 2, 2),
+                                        ("deepseek_v3-fp8", 2, 1), ("deepseek_v3-fp8", 2, 2),
+                                        ("deepseek_v32-bf16", 2, 1), ("deepseek_v32-bf16", 1, 2)])
+def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, case, tp, ep):
     """The LLM API (vLLM's tensor_parallel_size=, expert_parallel_size=): rank 0 schedules and samples, the
-    workers run every step on their shares; prompts past the window in one batch, chunked prefill, then a
-    second turn that reuses the cached prefix."""
+    workers run every step on their shares; prompts past the window / index_topk in one batch, chunked
+    prefill, then a second turn that reuses the cached prefix."""
     from dayzero.engine.llm import LLM
     from dayzero.engine.sampling import SamplingParams
 
-    path = build_gpt_oss_checkpoint(tmp_path, seed=5, num_attention_heads=4, num_key_value_heads=2, sliding_window=5)
+    path = CASES[case](tmp_path)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (3, 9, 17, 40)]
     params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=1)
@@ -111,8 +124,8 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
     try:
         tokens, logprobs, hits = run(split)
         assert split.workers is not None and split.workers.size == tp * ep
-        experts = split.model.model.layers[0].mlp.experts
-        assert experts.num == 8 // ep and split.model.model.layers[0].self_attn.heads == 4 // tp
+        layer = split.model.model.layers[-1]
+        assert layer.mlp.experts.num == 8 // ep and layer.self_attn.heads == 4 // tp
     finally:
         split.close()
     assert tokens == want_tokens
