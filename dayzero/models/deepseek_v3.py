@@ -31,7 +31,7 @@ from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
 from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, pre_norm_residuals
-from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding
+from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts
 from dayzero.parallel import comm
 from dayzero.parallel.state import current
 from dayzero.models.rotary import rope_from_config, yarn_mscale
@@ -322,10 +322,8 @@ class DeepseekV3ForCausalLM(CausalLM):
         e = self.spec.experts
         if e is not None and not e.num_shared:
             patterns += (r"\.mlp\.shared_experts\.",)
-        if e is not None and self.parallel.ep_size > 1:  # the other expert-parallel ranks' experts
-            start, stop = self.parallel.split_experts(e.num)
-            others = "|".join(str(j) for j in range(e.num) if not start <= j < stop)
-            patterns += (rf"\.mlp\.experts\.(?:{others})\.",)
+        if e is not None:  # the other expert-parallel ranks' experts
+            patterns += other_ranks_experts(e.num, self.parallel, r"\.mlp\.experts\.")
         return patterns
 
     def post_load(self) -> None:

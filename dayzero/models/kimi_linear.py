@@ -60,7 +60,10 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
-from dayzero.models.layers import BiasedRouter, Embedding, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts, shard_target
+from dayzero.parallel import comm
+from dayzero.parallel.state import current
 from dayzero.ops.k3 import SituActivation
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.spec import ActivationSpec, AttentionSpec, ModelSpec
@@ -123,34 +126,42 @@ class DeltaAttention(nn.Module):
     """One KDA layer (module docstring); keeps conv_{q,k,v} and `recurrent` in its layer cache."""
 
     def __init__(self, attn: AttentionSpec, hidden: int, eps: float, dtype, device):
+        """attn.num_heads: the model's; a tensor-parallel rank holds its heads' share of every per-head
+        tensor (q/k/v, their convolutions, the gate's f_b, b, g_b and A_log / dt_bias, o_proj's columns),
+        and its states hold those heads only (dayzero.parallel.spec)."""
         super().__init__()
-        self.heads, self.head_dim, self.eps = attn.num_heads, attn.head_dim, eps
+        p = current()
+        self.head_range = p.split(attn.num_heads, "linear_attn_config.num_heads")
+        self.heads, self.head_dim, self.eps = attn.num_heads // p.tp_size, attn.head_dim, eps
+        self.full_heads = attn.num_heads
         self.lower_bound = attn.gate_lower_bound
-        h, d = self.heads, self.head_dim
-        width = h * d
+        h, d = attn.num_heads, self.head_dim
+        width = h * d  # the model's; ColumnLinear / RowLinear hold this rank's share
+        self.channels = (self.head_range[0] * d, self.head_range[1] * d)
+        kw = dict(dtype=dtype, device=device)
         for name in ("q", "k", "v"):
-            setattr(self, f"{name}_proj", Linear(hidden, width, dtype=dtype, device=device))
-            setattr(self, f"{name}_conv1d", ShortConv(width, attn.conv_kernel, dtype, device))
-        self.A_log = empty_param((1, 1, h, 1), torch.float32, device)
-        self.dt_bias = empty_param((width,), torch.float32, device)
-        self.f_a_proj = Linear(hidden, d, dtype=dtype, device=device)
-        self.f_b_proj = Linear(d, width, dtype=dtype, device=device)
-        self.b_proj = Linear(hidden, h, dtype=dtype, device=device)
+            setattr(self, f"{name}_proj", ColumnLinear(hidden, width, name=f"{name}_proj", **kw))
+            setattr(self, f"{name}_conv1d", ShortConv(self.heads * d, attn.conv_kernel, dtype, device))
+        self.A_log = empty_param((1, 1, self.heads, 1), torch.float32, device)
+        self.dt_bias = empty_param((self.heads * d,), torch.float32, device)
+        self.f_a_proj = Linear(hidden, d, **kw)
+        self.f_b_proj = ColumnLinear(d, width, name="f_b_proj", **kw)
+        self.b_proj = ColumnLinear(hidden, h, name="b_proj", **kw)
         self.full_rank_gate = attn.output_gate == "full_rank"
         if self.full_rank_gate:  # K3 `use_full_rank_gate`
-            self.g_proj = Linear(hidden, width, dtype=dtype, device=device)
+            self.g_proj = ColumnLinear(hidden, width, name="g_proj", **kw)
         else:
-            self.g_a_proj = Linear(hidden, d, dtype=dtype, device=device)
-            self.g_b_proj = Linear(d, width, dtype=dtype, device=device)
+            self.g_a_proj = Linear(hidden, d, **kw)
+            self.g_b_proj = ColumnLinear(d, width, name="g_b_proj", **kw)
         self.o_norm = nn.Module()
         self.o_norm.weight = empty_param((d,), dtype, device)
-        self.o_proj = Linear(width, hidden, dtype=dtype, device=device)
+        self.o_proj = RowLinear(width, hidden, name="o_proj", **kw)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """As named, except A_log: Kimi Linear ships [1, 1, H, 1]; K3 ships [head_dim], H values then
         zeros. Both load into A_log's H values; any other shape or a non-zero tail is refused."""
         targets = collect_weight_targets(self, prefix)
-        heads, a_log = self.heads, self.A_log
+        (first, last), heads, a_log = self.head_range, self.full_heads, self.A_log
 
         def assign(t: torch.Tensor) -> None:
             flat = t.reshape(-1)
@@ -158,9 +169,16 @@ class DeltaAttention(nn.Module):
                 raise ValueError(f"{prefix}A_log: expected {heads} per-head values (then only zero padding), "
                                  f"got shape {tuple(t.shape)}")
             with torch.no_grad():
-                a_log.copy_(flat[:heads].view(a_log.shape))
+                a_log.copy_(flat[first:last].view(a_log.shape))  # this rank's heads
 
         targets[prefix + "A_log"] = WeightTarget(TensorSpec(None, FLOAT_DTYPES), assign)
+        if current().tp_size > 1:  # this rank's channels of the per-channel tensors
+            start, stop = self.channels
+            width = self.heads * self.head_dim * current().tp_size
+            for name in ("q", "k", "v"):
+                conv = getattr(self, f"{name}_conv1d").weight
+                targets[f"{prefix}{name}_conv1d.weight"] = shard_target(conv, (width, 1, conv.shape[2]), 0, start, stop)
+            targets[prefix + "dt_bias"] = shard_target(self.dt_bias, (width,), 0, start, stop)
         return targets
 
     def forward(self, x: torch.Tensor, cache) -> torch.Tensor:
@@ -229,20 +247,21 @@ class MLAttention(nn.Module):
 
     def __init__(self, attn: AttentionSpec, hidden: int, dtype, device):
         super().__init__()
-        self.heads, self.nope, self.rope_dim = attn.num_heads, attn.qk_nope_head_dim, attn.qk_rope_head_dim
+        h = attn.num_heads  # the model's; a tensor-parallel rank holds h / tp (q, kv_b by rows, o by columns)
+        self.heads, self.nope, self.rope_dim = h // current().tp_size, attn.qk_nope_head_dim, attn.qk_rope_head_dim
         self.v_dim, self.rank, self.q_rank = attn.v_head_dim, attn.kv_lora_rank, attn.q_lora_rank
         qk_dim = self.nope + self.rope_dim
-        h = self.heads
+        kw = dict(dtype=dtype, device=device)
         if self.q_rank is None:
-            self.q_proj = Linear(hidden, h * qk_dim, dtype=dtype, device=device)
+            self.q_proj = ColumnLinear(hidden, h * qk_dim, name="q_proj", **kw)
         else:
-            self.q_a_proj = Linear(hidden, self.q_rank, bias=attn.bias, dtype=dtype, device=device)
+            self.q_a_proj = Linear(hidden, self.q_rank, bias=attn.bias, **kw)
             self.q_a_layernorm = RMSNorm(self.q_rank, LATENT_NORM_EPS, dtype, device)
-            self.q_b_proj = Linear(self.q_rank, h * qk_dim, dtype=dtype, device=device)
-        self.kv_a_proj_with_mqa = Linear(hidden, self.rank + self.rope_dim, bias=attn.bias, dtype=dtype, device=device)
+            self.q_b_proj = ColumnLinear(self.q_rank, h * qk_dim, name="q_b_proj", **kw)
+        self.kv_a_proj_with_mqa = Linear(hidden, self.rank + self.rope_dim, bias=attn.bias, **kw)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, device)
-        self.kv_b_proj = Linear(self.rank, h * (self.nope + self.v_dim), dtype=dtype, device=device)
-        self.o_proj = Linear(h * self.v_dim, hidden, bias=attn.bias, dtype=dtype, device=device)
+        self.kv_b_proj = ColumnLinear(self.rank, h * (self.nope + self.v_dim), name="kv_b_proj", **kw)
+        self.o_proj = RowLinear(h * self.v_dim, hidden, bias=attn.bias, name="o_proj", **kw)
         if attn.output_gate == "sigmoid":  # K3 `mla_use_output_gate`: o * sigmoid(g_proj(x)) before o_proj
             self.g_proj = MLAOutputGate(hidden, h * self.v_dim, bias=attn.bias, dtype=dtype, device=device)
         else:
@@ -290,10 +309,10 @@ class MLP(nn.Module):
 
     def __init__(self, hidden: int, inter: int, activation: ActivationSpec, dtype, device):
         super().__init__()
-        self.activation = activation
-        self.gate_proj = Linear(hidden, inter, dtype=dtype, device=device)
-        self.up_proj = Linear(hidden, inter, dtype=dtype, device=device)
-        self.down_proj = Linear(inter, hidden, dtype=dtype, device=device)
+        self.activation = activation  # the intermediate features split over the tensor-parallel ranks
+        self.gate_proj = ColumnLinear(hidden, inter, name="gate_proj", dtype=dtype, device=device)
+        self.up_proj = ColumnLinear(hidden, inter, name="up_proj", dtype=dtype, device=device)
+        self.down_proj = RowLinear(inter, hidden, name="down_proj", dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(_gated(self.activation, self.gate_proj(x), self.up_proj(x)))
@@ -305,7 +324,10 @@ class Experts(nn.Module):
     -> w2[j]. dim: the width they read and write (hidden, or the latent width of a latent MoE)."""
 
     def __init__(self, num: int, inter: int, dim: int, dtype, device):
+        """num: the model's experts; an expert-parallel rank holds [start, stop) (ExpertShard)."""
         super().__init__()
+        self.shard = ExpertShard(num)
+        num = self.shard.num_local
         self.num, self.inter = num, inter
         self.w13 = empty_param((num, 2 * inter, dim), dtype, device)
         self.w2 = empty_param((num, dim, inter), dtype, device)
@@ -315,12 +337,14 @@ class Experts(nn.Module):
         for j in range(self.num):
             views = {"w1": self.w13[j, : self.inter], "w3": self.w13[j, self.inter:], "w2": self.w2[j]}
             for proj, view in views.items():
-                name = f"{prefix}{j}.{proj}.weight"
+                name = f"{prefix}{self.shard.start + j}.{proj}.weight"
                 targets[name] = copy_target(view, name)
         return targets
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, activation: Activation) -> torch.Tensor:
-        return ops.moe_experts_bf16(x, ids, weights, ExpertWeights("bf16", self.w13, self.w2), activation)
+        ids, weights = self.shard.route(ids, weights)
+        return self.shard.combine(ops.moe_experts_bf16(x, ids, weights, ExpertWeights("bf16", self.w13, self.w2),
+                                                       activation))
 
 
 class MoE(nn.Module):
@@ -411,13 +435,25 @@ class KimiLinearForCausalLM(CausalLM):
         eps = float(text["rms_norm_eps"])
         self.attn_res_block = spec.cross_layer.attn_res_block_size if spec.cross_layer.kind == "attention_residual" else None
         self.model = nn.Module()
-        self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
+        self.model.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.model.layers = nn.ModuleList(DecoderLayer(spec, i, eps, dtype, device) for i in range(spec.num_layers))
         if self.attn_res_block:
             self.model.output_attn_res = AttentionResidual(spec.hidden_size, eps, dtype, device)
         self.model.norm = RMSNorm(spec.hidden_size, eps, dtype, device)
         if not spec.tie_word_embeddings:
-            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
+            self.lm_head = ColumnLinear(spec.hidden_size, spec.vocab_size, gather=True, name="lm_head (vocab_size)",
+                                        dtype=dtype, device=device)
+
+    tensor_parallel = True  # KDA and MLA heads, dense and shared MLPs, vocabulary (Kimi Linear; not K3's parts)
+    expert_parallel = True
+
+    @classmethod
+    def check_parallel(cls, model_type: str, tp: int, ep: int) -> None:
+        if model_type == "kimi_k3" and tp * ep > 1:
+            raise NotImplementedError(f"tensor / expert parallelism (--tp {tp} --ep {ep}) is not built for kimi_k3 "
+                                      "yet (its latent MoE, MXFP4 experts and attention residuals); run it with "
+                                      "--tp 1 --ep 1")
+        super().check_parallel(model_type, tp, ep)
 
     def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
         return collect_weight_targets(self, prefix + self.checkpoint_prefix)
@@ -426,9 +462,11 @@ class KimiLinearForCausalLM(CausalLM):
         return K3_LAYOUTS if self.checkpoint_prefix else LAYOUTS
 
     def ignore_patterns(self) -> tuple[str, ...]:
+        experts = () if self.spec.experts is None else other_ranks_experts(self.spec.experts.num, self.parallel,
+                                                                             r"\.block_sparse_moe\.experts\.")
         if not self.checkpoint_prefix:
-            return ()
-        return (r"^vision_tower\.", r"^mm_projector\.", r"^language_model\.model\.mtp")
+            return experts
+        return (r"^vision_tower\.", r"^mm_projector\.", r"^language_model\.model\.mtp", *experts)
 
     def post_load(self) -> None:
         for layer in self.model.layers:
@@ -454,4 +492,4 @@ class KimiLinearForCausalLM(CausalLM):
             x = x[cache.logits_indices]
         x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return ops.linear(x, head).float()
+        return comm.all_gather(ops.linear(x, head), dim=-1).float()  # a tensor-parallel rank's vocabulary

@@ -49,7 +49,7 @@ class _Sharded:
 
     def _split(self, full: int, p: Parallel, name: str) -> tuple[int, int]:
         start, stop = p.split(full, f"{name}: {'out' if self.dim == 0 else 'in'}_features")
-        if self.fmt == "fp8" and (stop - start) % self.block[self.dim]:
+        if p.tp_size > 1 and self.fmt == "fp8" and (stop - start) % self.block[self.dim]:
             raise ValueError(f"{name}: a rank's {stop - start} {'rows' if self.dim == 0 else 'columns'} are not whole "
                              f"FP8 scale blocks of {self.block[self.dim]}; choose a --tp that keeps them whole")
         return start, stop
@@ -169,3 +169,13 @@ class ExpertShard:
 
     def combine(self, y: torch.Tensor) -> torch.Tensor:
         return comm.all_reduce_experts(y)
+
+
+def other_ranks_experts(num: int, parallel: Parallel | None = None, where: str = r"\.experts\.") -> tuple[str, ...]:
+    """The loader's ignore pattern for the per-expert tensors (`{where}{j}.`) other expert-parallel ranks hold
+    (none in a job of one)."""
+    p = parallel or current()
+    if p.ep_size == 1:
+        return ()
+    start, stop = p.split_experts(num)
+    return (rf"{where}(?:{'|'.join(str(j) for j in range(num) if not start <= j < stop)})\.",)

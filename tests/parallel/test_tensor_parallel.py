@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from dayzero.models import load_model
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
+from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
 
 STEPS = 4
 
@@ -92,12 +93,14 @@ CASES = {
                                                   sliding_window=5),
     "deepseek_v3-fp8": lambda d: build_deepseek_v3_checkpoint(d, seed=5, **V3_TP_DIMS),
     "deepseek_v32-bf16": lambda d: build_deepseek_v32_checkpoint(d, fp8=False, seed=5),
+    "kimi_linear": lambda d: build_kimi_linear_checkpoint(d, seed=5),
 }
 
 
 @pytest.mark.parametrize("case,tp,ep", [("gpt_oss", 2, 1), ("gpt_oss", 1, 2), ("gpt_oss", 2, 2),
                                         ("deepseek_v3-fp8", 2, 1), ("deepseek_v3-fp8", 2, 2),
-                                        ("deepseek_v32-bf16", 2, 1), ("deepseek_v32-bf16", 1, 2)])
+                                        ("deepseek_v32-bf16", 2, 1), ("deepseek_v32-bf16", 1, 2),
+                                        ("kimi_linear", 2, 1), ("kimi_linear", 2, 2)])
 def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, case, tp, ep):
     """The LLM API (vLLM's tensor_parallel_size=, expert_parallel_size=): rank 0 schedules and samples, the
     workers run every step on their shares; prompts past the window / index_topk in one batch, chunked
@@ -125,7 +128,8 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
         tokens, logprobs, hits = run(split)
         assert split.workers is not None and split.workers.size == tp * ep
         layer = split.model.model.layers[-1]
-        assert layer.mlp.experts.num == 8 // ep and layer.self_attn.heads == 4 // tp
+        moe = getattr(layer, "block_sparse_moe", None) or layer.mlp  # Kimi Linear's MoE module
+        assert moe.experts.num == 8 // ep and layer.self_attn.heads == 4 // tp
     finally:
         split.close()
     assert tokens == want_tokens
@@ -142,6 +146,11 @@ def test_a_family_without_a_split_is_refused_before_any_process_starts(tmp_path)
     with pytest.raises(ValueError, match="expert_parallel_size must be a whole number >= 1, got 0"):
         LLM(expert_parallel_size=0)
     assert not mp.active_children()
+    from dayzero.models.kimi_linear import KimiLinearForCausalLM
+
+    with pytest.raises(NotImplementedError, match="not built for kimi_k3"):  # same class, K3's parts unsplit
+        KimiLinearForCausalLM.check_parallel("kimi_k3", 1, 2)
+    KimiLinearForCausalLM.check_parallel("kimi_linear", 2, 2)
 
 
 def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path):
