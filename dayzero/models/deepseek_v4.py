@@ -38,8 +38,11 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
-from dayzero.models.layers import Embedding, Linear, RMSNorm
+from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
+from dayzero.models.layers import Linear, RMSNorm
+from dayzero.models.sharded import (ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts,
+                                    shard_target)
+from dayzero.parallel.state import current
 from dayzero.models.rotary import Rope, rope_from_config
 from dayzero.ops.moe import MOE_EXPERT_OPS, Activation, ExpertWeights
 from dayzero.spec import LayerSpec, ModelSpec
@@ -130,6 +133,11 @@ class GroupedLinear(Linear):
             else:
                 outs.append(ops.linear(x[..., g, :], weight))
         return torch.cat(outs, dim=-1)
+
+
+class GroupedColumnLinear(ColumnLinear, GroupedLinear):
+    """wo_a split over tensor-parallel ranks by whole groups: a rank holds groups [r G / tp, (r + 1) G / tp)
+    (their rows), which read its heads' outputs (the heads of group g are g's H / G consecutive heads)."""
 
 
 def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -250,16 +258,22 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, layer: LayerSpec, linear: LinearFactory, eps: float, dtype, device):
         super().__init__()
         a = layer.attention
-        self.heads, self.head_dim, self.window = a.num_heads, a.head_dim, a.sliding_window
+        p = current()  # a tensor-parallel rank holds its share of the heads (wq_b rows, wo_a groups, wo_b
+        # columns, the sinks); the shared key-value, the compressor and the indexer are whole on every rank
+        self.head_range = p.split(a.num_heads, "num_attention_heads")
+        p.split(a.o_groups, "o_groups")
+        self.heads, self.head_dim, self.window = a.num_heads // p.tp_size, a.head_dim, a.sliding_window
+        self.full_heads = a.num_heads
         self.kind, self.ratio = a.kind, a.compress_ratio
         self.wq_a = linear(hidden, a.q_lora_rank)
         self.q_norm = RMSNorm(a.q_lora_rank, eps, dtype=dtype, device=device)
-        self.wq_b = linear(a.q_lora_rank, a.num_heads * a.head_dim)
+        self.wq_b = linear(a.q_lora_rank, a.num_heads * a.head_dim, cls=ColumnLinear, name="wq_b")
         self.wkv = linear(hidden, a.head_dim)
         self.kv_norm = RMSNorm(a.head_dim, eps, dtype=dtype, device=device)
-        self.wo_a = linear(a.num_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank, cls=GroupedLinear, groups=a.o_groups)
-        self.wo_b = linear(a.o_groups * a.o_lora_rank, hidden)
-        self.attn_sink = empty_param((a.num_heads,), torch.float32, device)
+        self.wo_a = linear(a.num_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank, cls=GroupedColumnLinear,
+                           groups=a.o_groups // p.tp_size, name="wo_a (o_groups x o_lora_rank)")
+        self.wo_b = linear(a.o_groups * a.o_lora_rank, hidden, cls=RowLinear, name="wo_b")
+        self.attn_sink = empty_param((self.heads,), torch.float32, device)
         self.eps = eps  # queries get a weightless RMSNorm per head
         self.register_buffer("unit_weight", torch.ones(a.head_dim, dtype=dtype, device=device), persistent=False)
         if a.kind in ("csa", "hca"):
@@ -267,6 +281,11 @@ class Attention(nn.Module):
         if a.kind == "csa":
             self.indexer = Indexer(hidden, a.q_lora_rank, a.index_n_heads, a.index_head_dim, a.index_topk,
                                    a.compress_ratio, eps, linear, dtype, device)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        targets = collect_weight_targets(self, prefix)
+        targets[prefix + "attn_sink"] = shard_target(self.attn_sink, (self.full_heads,), 0, *self.head_range)
+        return targets
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rope: Rope, cache) -> torch.Tensor:
         """x [1, N, hidden], positions [1, N]: the step's packed tokens, run block by block."""
@@ -342,7 +361,10 @@ class RoutedExperts(nn.Module):
     fp8_workspace = None  # the engine's FP8 expert workspace, passed with the weights (dayzero/engine/llm.py)
 
     def __init__(self, num: int, inter: int, hidden: int, fmt: str, linear: LinearFactory, dtype, device):
+        """num: the model's experts; an expert-parallel rank holds [start, stop) (ExpertShard)."""
         super().__init__()
+        self.shard = ExpertShard(num)
+        num = self.shard.num_local
         self.num, self.inter, self.fmt, self.block = num, inter, fmt, linear.block
         shapes = {"w13": (2 * inter, hidden), "w2": (hidden, inter)}
         for name, (n, k) in shapes.items():
@@ -365,7 +387,7 @@ class RoutedExperts(nn.Module):
         i = self.inter
         for e in range(self.num):
             for name, stacked, rows in (("w1", "w13", slice(0, i)), ("w3", "w13", slice(i, 2 * i)), ("w2", "w2", slice(None))):
-                base = f"{prefix}{e}.{name}."
+                base = f"{prefix}{self.shard.start + e}.{name}."
                 targets[base + "weight"] = self._target(getattr(self, stacked)[e, rows], is_scale=False)
                 if self.fmt != "bf16":
                     grid = rows if self.fmt == "mxfp4" or name == "w2" else slice(rows.start // self.block[0], rows.stop // self.block[0])
@@ -395,7 +417,7 @@ class MoE(nn.Module):
         self.gate = Router(e.num, hidden, e.top_k, spec.vocab_size, layer.mlp.kind == "hash_moe", dtype, device)
         self.experts = RoutedExperts(e.num, e.intermediate_size, hidden, e.format, linear, dtype, device)
         self.experts_op = MOE_EXPERT_OPS[e.format]
-        self.shared_experts = nn.Module()
+        self.shared_experts = nn.Module()  # whole on every tensor-parallel rank
         self.shared_experts.w1 = linear(hidden, e.shared_intermediate_size)
         self.shared_experts.w2 = linear(e.shared_intermediate_size, hidden)
         self.shared_experts.w3 = linear(hidden, e.shared_intermediate_size)
@@ -403,7 +425,8 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(0, 1)
         ids, weights = self.gate(flat, token_ids.flatten(), self.scaling)
-        routed = self.experts_op(flat, ids, weights, self.experts.experts(), self.activation)
+        ids, weights = self.experts.shard.route(ids, weights)
+        routed = self.experts.shard.combine(self.experts_op(flat, ids, weights, self.experts.experts(), self.activation))
         s = self.shared_experts
         shared = s.w2(ops.swiglu(s.w1(flat), s.w3(flat), limit=self.activation.limit))
         return (routed + shared).view_as(x)
@@ -449,6 +472,12 @@ def _ropes(config: dict, rope_dim: int) -> tuple[Rope, Rope]:
 class DeepseekV4ForCausalLM(CausalLM):
     model_types = ("deepseek_v4",)
     ignore_unexpected = (r"^mtp\.",)
+    tensor_parallel = True  # attention heads (wq_b, wo_a groups, wo_b, sinks), vocabulary; the rest whole
+    expert_parallel = True
+
+    def ignore_patterns(self) -> tuple[str, ...]:
+        e = self.spec.experts
+        return self.ignore_unexpected + (() if e is None else other_ranks_experts(e.num, self.parallel, r"\.ffn\.experts\."))
 
     def layouts(self) -> tuple[Layout, ...]:
         return LAYOUTS
@@ -460,10 +489,11 @@ class DeepseekV4ForCausalLM(CausalLM):
         linear = LinearFactory(spec, dtype, device)
         cross = spec.cross_layer
         self.hc = (cross.hc_sinkhorn_iters, cross.hc_eps, eps)
-        self.embed = Embedding(spec.vocab_size, hidden, dtype=dtype, device=device)
+        self.embed = VocabEmbedding(spec.vocab_size, hidden, dtype=dtype, device=device)
         self.layers = nn.ModuleList(Block(spec, layer, linear, eps, dtype, device) for layer in spec.layers)
         self.norm = RMSNorm(hidden, eps, dtype=dtype, device=device)
-        self.head = Linear(hidden, spec.vocab_size, dtype=dtype, device=device)
+        self.head = ColumnLinear(hidden, spec.vocab_size, gather=True, name="head (vocab_size)", dtype=dtype,
+                                 device=device)
         n = cross.hc_mult
         self.hc_head_fn = empty_param((n, n * hidden), torch.float32, device)
         self.hc_head_base = empty_param((n,), torch.float32, device)

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 
 from dayzero.models import load_model
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
+from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
 
@@ -94,13 +95,15 @@ CASES = {
     "deepseek_v3-fp8": lambda d: build_deepseek_v3_checkpoint(d, seed=5, **V3_TP_DIMS),
     "deepseek_v32-bf16": lambda d: build_deepseek_v32_checkpoint(d, fp8=False, seed=5),
     "kimi_linear": lambda d: build_kimi_linear_checkpoint(d, seed=5),
+    "deepseek_v4": lambda d: build_deepseek_v4_checkpoint(d),  # FP8 attention, FP4 experts, hash layers
 }
 
 
 @pytest.mark.parametrize("case,tp,ep", [("gpt_oss", 2, 1), ("gpt_oss", 1, 2), ("gpt_oss", 2, 2),
                                         ("deepseek_v3-fp8", 2, 1), ("deepseek_v3-fp8", 2, 2),
                                         ("deepseek_v32-bf16", 2, 1), ("deepseek_v32-bf16", 1, 2),
-                                        ("kimi_linear", 2, 1), ("kimi_linear", 2, 2)])
+                                        ("kimi_linear", 2, 1), ("kimi_linear", 2, 2),
+                                        ("deepseek_v4", 2, 1), ("deepseek_v4", 2, 2)])
 def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, case, tp, ep):
     """The LLM API (vLLM's tensor_parallel_size=, expert_parallel_size=): rank 0 schedules and samples, the
     workers run every step on their shares; prompts past the window / index_topk in one batch, chunked
@@ -127,9 +130,10 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
     try:
         tokens, logprobs, hits = run(split)
         assert split.workers is not None and split.workers.size == tp * ep
-        layer = split.model.model.layers[-1]
-        moe = getattr(layer, "block_sparse_moe", None) or layer.mlp  # Kimi Linear's MoE module
-        assert moe.experts.num == 8 // ep and layer.self_attn.heads == 4 // tp
+        layer = split.model.layers[-1] if case == "deepseek_v4" else split.model.model.layers[-1]
+        moe = getattr(layer, "block_sparse_moe", None) or getattr(layer, "ffn", None) or layer.mlp
+        attention = getattr(layer, "attn", None) or layer.self_attn
+        assert moe.experts.num == 8 // ep and attention.heads == 4 // tp
     finally:
         split.close()
     assert tokens == want_tokens
@@ -141,8 +145,6 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
 def test_a_family_without_a_split_is_refused_before_any_process_starts(tmp_path):
     from dayzero.engine.llm import LLM
 
-    with pytest.raises(NotImplementedError, match=r"tensor parallelism \(--tp 2\) is not built for deepseek_v4"):
-        LLM(tensor_parallel_size=2)  # the demo: DeepSeek-V4
     with pytest.raises(ValueError, match="expert_parallel_size must be a whole number >= 1, got 0"):
         LLM(expert_parallel_size=0)
     assert not mp.active_children()
@@ -187,3 +189,14 @@ def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path):
     finally:
         stop_server(running)
         running.llm.close()
+
+
+def test_generate_command_on_the_demo_splits_over_processes(capsys):
+    """`dayzero generate --tp 2 --ep 2` (the demo: a tiny DeepSeek-V4 with its tokenizer) prints one process's text."""
+    from dayzero.cli import main
+
+    args = ["generate", "--prompt", "The lighthouse keeper", "--max-tokens", "6"]
+    assert main(args) == 0
+    one = capsys.readouterr().out
+    assert main([*args, "--tp", "2", "--ep", "2"]) == 0
+    assert capsys.readouterr().out == one and one.strip()
