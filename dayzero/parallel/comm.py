@@ -22,17 +22,17 @@ from dayzero.parallel.state import current
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     p = current()
-    if p.tp_size == 1:
-        return x
-    dist.all_reduce(x, group=p.tp_group)
-    return x
+    return _sum(x, p.tp_size, p.tp_group)
 
 
 def all_reduce_experts(x: torch.Tensor) -> torch.Tensor:
     p = current()
-    if p.ep_size == 1:
-        return x
-    dist.all_reduce(x, group=p.ep_group)
+    return _sum(x, p.ep_size, p.ep_group)
+
+
+def _sum(x: torch.Tensor, size: int, group) -> torch.Tensor:
+    if size > 1:
+        dist.all_reduce(x, group=group)
     return x
 
 
