@@ -106,7 +106,7 @@ class RowLinear(_Sharded, Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, in / tp] (this rank's share of the features) -> [N, out], summed over ranks."""
-        if self.parallel.tp_size == 1:
+        if self.parallel.tp_group is None:
             return super().forward(x)
         if self.fmt == "fp8":
             y = ops.linear_fp8_block(x, self.weight, getattr(self, self.scale_name), None, self.block)
@@ -131,7 +131,7 @@ class VocabEmbedding(Embedding):
         return {prefix + "weight": shard_target(self.weight, (self.full_vocab, self.weight.shape[1]), 0, start, stop)}
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if self.parallel.tp_size == 1:
+        if self.parallel.tp_group is None:
             return super().forward(token_ids)
         start, stop = self.range
         mine = (token_ids >= start) & (token_ids < stop)

@@ -11,8 +11,11 @@ and the others workers. Rank r is tensor-parallel rank r % tp of expert-parallel
 
 Every group computes the same tokens (attention is replicated over the ep groups). `init_process` joins
 the job (torch.distributed.init_process_group: NCCL on CUDA, gloo on the CPU), makes both kinds of groups
-and sets the process-wide `Parallel` that `current()` returns; a process that never joins is the job of
-one (`SINGLE`), for which every collective is a no-op.
+and a gloo group over the whole job for the host messages (a step's schedule: on NCCL jobs too, so that
+sending it never waits on the device), and sets the process-wide `Parallel` that `current()` returns.
+A process that never joins is the job of one (`SINGLE`, no groups), for which every collective is a
+no-op; a job of one that did join (`init_process(1, 1, ...)`) runs its collectives for real, which is
+how the communication's own cost is measured on one device.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ class Parallel:
     tp_rank: int = 0
     ep_size: int = 1
     ep_rank: int = 0
-    tp_group: Any = None  # this rank's tensor-parallel torch.distributed ProcessGroup (None: one process)
+    tp_group: Any = None  # this rank's tensor-parallel torch.distributed ProcessGroup (None: no collective)
     ep_group: Any = None  # the ranks that hold the other shares of the experts with it
+    host_group: Any = None  # gloo, the whole job: rank 0's host messages (None: not in a job)
+    backend: str = ""  # "nccl" | "gloo" | "" (not in a job)
 
     def __post_init__(self):
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
@@ -83,17 +88,23 @@ def init_process(tp_size: int, ep_size: int, rank: int, init_method: str, device
     if device.type == "cuda":
         torch.cuda.set_device(device if device.index is not None else torch.device("cuda", rank))
     world = tp_size * ep_size
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, world_size=world,
-                            rank=rank, timeout=datetime.timedelta(seconds=timeout_s))
-    tp_group = ep_group = dist.group.WORLD
-    if ep_size > 1 and tp_size > 1:  # every rank makes every group, in the same order
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=init_method, world_size=world, rank=rank, timeout=timeout)
+    # A group of the whole job is WORLD, a group of one (in a larger job) none; every rank makes every
+    # other group, in the same order.
+    tp_group = dist.group.WORLD if tp_size == world else None
+    ep_group = dist.group.WORLD if ep_size == world else None
+    if 1 < tp_size < world:
         for e in range(ep_size):
             g = dist.new_group(list(range(e * tp_size, (e + 1) * tp_size)))
             tp_group = g if rank // tp_size == e else tp_group
+    if 1 < ep_size < world:
         for t in range(tp_size):
             g = dist.new_group(list(range(t, world, tp_size)))
             ep_group = g if rank % tp_size == t else ep_group
-    _current = Parallel(tp_size, rank % tp_size, ep_size, rank // tp_size, tp_group, ep_group)
+    host_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
+    _current = Parallel(tp_size, rank % tp_size, ep_size, rank // tp_size, tp_group, ep_group, host_group, backend)
     return _current
 
 
