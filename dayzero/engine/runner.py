@@ -80,18 +80,25 @@ class PagedRunner:
                 if done % self.kv.block_size == 0:
                     snapshots += self._snapshot(s, done)
         patch = self._pending_inputs(order, steps, pending)
-        if self.peers is not None:  # the other tensor-parallel ranks run the same step on their shares
-            self.peers.send(StepMessage(restores, steps, snapshots))
         message = StepMessage(restores, steps, snapshots)
-        if self.graphs is not None and self.graphs.takes(steps):
-            logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch,
-                              forward=lambda: self.graphs.run(steps, patch))
-            self.num_graph_steps += 1
-        else:
-            logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch)
+        if self.peers is None:
+            logits = self._run(message, patch)
+        else:  # the other tensor-parallel ranks run the same step on their shares
+            try:
+                self.peers.send(message)
+                logits = self._run(message, patch)
+            except Exception as exc:  # the job is broken: its ranks are out of step
+                raise self.peers.failed_step(exc) from exc
         self.num_forwards += 1
         self.num_tokens += sum(s.num_new for s in steps)
         return [s.request.request_id for s in order if s.samples], logits if logits.shape[0] else None
+
+    def _run(self, message: StepMessage, patch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.takes(message.steps):
+            self.num_graph_steps += 1
+            return run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch,
+                            forward=lambda: self.graphs.run(message.steps, patch))
+        return run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch)
 
     def _pending_inputs(self, order: list[ScheduledRequest], steps: list[SeqStep], pending):
         """None, or a function writing the PENDING input tokens of `steps` (each the last token of a

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -70,6 +71,15 @@ class _Seq:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+
+def _ranks(llm: LLM) -> dict:
+    """The job's split and its processes (rank -> pid; ranks this process did not start are absent)."""
+    w = llm.workers
+    if w is None:
+        return {"tp_size": 1, "ep_size": 1, "rank_pids": {"0": os.getpid()}}
+    return {"tp_size": w.tp, "ep_size": w.ep, "rank_pids": {"0": os.getpid(), **{str(r): pid for r, pid in w.pids.items()}},
+            "rank_failure": w.failure}
 
 
 def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
@@ -426,10 +436,13 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
                 "max_model_len": llm.max_model_len, "max_running_requests": config.max_running_requests,
                 "max_queued_requests": config.max_queued_requests,
                 "max_total_num_tokens": engine.scheduler.kv.pool.num_blocks * engine.scheduler.kv.block_size,
-                "num_in_flight_reqs": async_engine.num_in_flight, "uptime_s": time.time() - started, **state}
+                "num_in_flight_reqs": async_engine.num_in_flight, "uptime_s": time.time() - started,
+                **_ranks(llm), **state}
 
     @app.get("/health")
     async def health():
+        if llm.workers is not None and llm.workers.failure is not None:
+            raise APIError(503, f"a rank of the tensor/expert-parallel job failed: {llm.workers.failure}")
         if not async_engine.is_alive:
             raise APIError(503, f"the engine is not running ({async_engine.error!r})")
         return Response(status_code=200)

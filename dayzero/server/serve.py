@@ -3,27 +3,35 @@
 The listening socket is bound before the model loads, so a busy port (or an address that cannot be
 bound) fails in a second, not after the load. On SIGTERM uvicorn stops accepting connections and waits up to `GRACEFUL_SHUTDOWN_S` for in-flight
 requests to finish; then the lifespan shutdown aborts whatever is left and joins the engine thread.
+A failed rank of a tensor/expert-parallel job (dayzero.engine.tp_workers) stops the server the same way,
+within RANK_FAILURE_EXIT_S, and `serve` returns 1; /health answers 503 naming the rank meanwhile.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 GRACEFUL_SHUTDOWN_S = 30
+RANK_FAILURE_EXIT_S = 5  # after a rank's failure, the most the shutdown may take before the process exits
 DEMO_SERVED_NAME = "demo"  # the API's model name for the demo checkpoint (`dayzero serve` without MODEL)
 
 
 def serve(args: argparse.Namespace, model_dir: Path) -> int:
     import uvicorn
 
-    from dayzero.engine_args import llm_kwargs
+    from dayzero.engine_args import llm_kwargs, worker_node
     from dayzero.engine.llm import LLM
     from dayzero.server.app import ServerConfig, create_app
 
     engine_args = llm_kwargs(args)  # checks the engine flags
+    if (code := worker_node(args)) is not None:  # not rank 0: this node only runs ranks
+        return code
     if not 1 <= args.port <= 65535:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_queued_requests < 0:
@@ -45,10 +53,28 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         app = create_app(llm, config)
         server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        if llm.workers is not None:
+            llm.workers.on_failure.append(lambda failure: _exit_on_rank_failure(server, failure))
         server.run(sockets=[sock])
+        failed = llm.workers is not None and llm.workers.failure is not None
+        llm.close()
     finally:
         sock.close()
-    return 0
+    return 1 if failed else 0
+
+
+def _exit_on_rank_failure(server, failure: str) -> None:
+    """A rank died: say so, stop serving (in-flight requests end with the error) and exit with 1, at once
+    if the shutdown does not finish within RANK_FAILURE_EXIT_S."""
+    print(f"[dayzero] a rank of the tensor/expert-parallel job failed: {failure}; the server exits", file=sys.stderr,
+          flush=True)
+    server.should_exit = True
+
+    def force():
+        time.sleep(RANK_FAILURE_EXIT_S)
+        print("[dayzero] the shutdown did not finish in time; exiting", file=sys.stderr, flush=True)
+        os._exit(1)
+    threading.Thread(target=force, name="dayzero-exit", daemon=True).start()
 
 
 def bind(host: str, port: int) -> socket.socket:
