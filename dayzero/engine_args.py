@@ -66,10 +66,29 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes the attention and dense layers are split over, one per device (default 1)")
     p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep", type=int, default=1,
                    help="processes the routed experts are split over; the job runs tp x ep processes (default 1)")
+    p.add_argument("--nnodes", type=int, default=1,
+                   help="nodes the tp x ep processes run on, tp x ep / nnodes each (default 1)")
+    p.add_argument("--node-rank", type=int, default=0,
+                   help="this node's index in [0, nnodes): node 0 schedules and serves, the others run ranks")
+    p.add_argument("--dist-init-addr", default=None, metavar="HOST:PORT",
+                   help="node 0's rendezvous address, the same on every node (needed with --nnodes > 1)")
 
 
 def parallel_kwargs(args: argparse.Namespace) -> dict:
     for flag, n in (("--tp", args.tp), ("--ep", args.ep)):
         if n < 1:
             raise ValueError(f"{flag} must be at least 1, got {n}")
-    return dict(tensor_parallel_size=args.tp, expert_parallel_size=args.ep)
+    return dict(tensor_parallel_size=args.tp, expert_parallel_size=args.ep, nnodes=args.nnodes,
+                node_rank=args.node_rank, dist_init_addr=args.dist_init_addr)
+
+
+def worker_node(args: argparse.Namespace) -> int | None:
+    """For a command run on a process that is not rank 0 (--node-rank > 0, torchrun's RANK > 0): run this
+    node's ranks until rank 0 ends the job and return the exit code; None on rank 0 (run the command)."""
+    from dayzero.engine import tp_workers
+    from dayzero.parallel.launch import launch_of
+
+    launch = launch_of(args.nnodes, args.node_rank, args.dist_init_addr)
+    if launch.is_rank0():
+        return None
+    return tp_workers.run_ranks_here(args.tp, args.ep, args.device, launch)

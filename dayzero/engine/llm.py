@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 import torch
 
 from dayzero.engine import tp_workers
+from dayzero.parallel.launch import launch_of
 from dayzero.engine.engine import Engine, eos_token_ids, load_tokenizer
 from dayzero.engine.sampling import SamplingParams, TokenLogprobs
 from dayzero.engine.workspace import attach_expert_workspace
@@ -67,7 +68,8 @@ class LLM:
                  fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
                  cuda_graphs: bool = True, enforce_eager: bool = False, load_threads: int | None = None,
                  async_scheduling: bool | None = None, tensor_parallel_size: int = 1,
-                 expert_parallel_size: int = 1):
+                 expert_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0,
+                 dist_init_addr: str | None = None):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
         enable_prefix_caching: reuse the cached blocks of earlier requests' prefixes (and, for models
@@ -85,7 +87,10 @@ class LLM:
         tensor_parallel_size (vLLM's name), expert_parallel_size: the model split over tp x ep processes, one
         per device (CUDA devices 0 .. n - 1, or the CPU with gloo), this one rank 0: attention and dense
         layers over tp, the routed experts over ep (dayzero.parallel.state, dayzero.engine.tp_workers);
-        `close()` ends them.
+        `close()` ends them. nnodes, node_rank, dist_init_addr (SGLang's names): the job over several nodes
+        (dayzero.parallel.launch); under torchrun its environment says which rank this process is. A
+        process that is not rank 0 runs its worker ranks here until rank 0 ends the job, then exits
+        (SystemExit), so one script serves every node.
         Startup is timed phase by phase: `llm.startup` (a dayzero.startup.StartupTimer: .report(), .as_dict()),
         and its one-line summary is logged at INFO on the "dayzero.engine.llm" logger."""
         from dayzero.models import load_model
@@ -106,42 +111,52 @@ class LLM:
         for name, n in (("tensor_parallel_size", tensor_parallel_size), ("expert_parallel_size", expert_parallel_size)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
-        if tensor_parallel_size * expert_parallel_size > 1:
+        tp, ep = tensor_parallel_size, expert_parallel_size
+        launch = launch_of(nnodes, node_rank, dist_init_addr)
+        if tp * ep > 1 or launch.nnodes > 1 or (launch.torchrun and launch.torchrun_world > 1):
             from dayzero.models import model_class
             from dayzero.spec import load_spec
 
+            launch.check(tp * ep)
             spec = load_spec(self.path)  # refuse what the family cannot split before starting any process
-            model_class(spec).check_parallel(spec.model_type, tensor_parallel_size, expert_parallel_size)
-            with timer.phase("ranks", detail=f"tp {tensor_parallel_size} x ep {expert_parallel_size} processes"):
-                self.workers = tp_workers.start(tensor_parallel_size, expert_parallel_size, tp_workers.WorkerArgs(
-                    str(self.path), device, DTYPES[dtype], kv_cache_dtype, fp8_workspace_gib, max_num_batched_tokens,
-                    load_threads))
+            model_class(spec).check_parallel(spec.model_type, tp, ep)
+            if not launch.is_rank0():
+                raise SystemExit(tp_workers.run_ranks_here(tp, ep, device, launch))
+            with timer.phase("ranks", detail=f"tp {tp} x ep {ep} processes"):
+                self.workers = tp_workers.start(tp, ep, device, tp_workers.WorkerArgs(
+                    str(self.path), DTYPES[dtype], kv_cache_dtype, fp8_workspace_gib, max_num_batched_tokens,
+                    load_threads), launch)
             atexit.register(self.workers.close)
-        self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress,
-                                threads=load_threads, startup=timer)  # config, model, checkpoint, weights, post_load
-        with timer.phase("tokenizer"):
-            self.tokenizer = load_tokenizer(self.path)
-            eos = eos_token_ids(self.path, self.tokenizer)
-        with timer.phase("workspace") as phase:
-            self.expert_workspace = attach_expert_workspace(self.model, fp8_workspace_gib, max_num_batched_tokens)
-            workspace_bytes = self.expert_workspace.capacity_bytes if self.expert_workspace is not None else 0
-            phase.detail = "FP8 expert workspace, filled at first use" if workspace_bytes else "none"
-            phase.bytes = workspace_bytes or None
-        with timer.phase("engine"):  # the KV pool (its own phase), the runner, the scheduler, the sampler
-            kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
-            if kv_cache_bytes is None and mem_fraction is not None:
-                kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction, workspace_bytes)
-            self.engine = Engine(self.model, self.tokenizer, eos_token_ids=eos,
-                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                 max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
-                                 kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
-                                 num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
-                                 cuda_graphs=cuda_graphs and not enforce_eager, progress=progress, startup=timer,
-                                 async_scheduling=async_scheduling, peers=self.workers)
-        logger.info("%s", timer.summary())
-        self.vocab_size = self.engine.vocab_size
-        self.max_model_len = self.engine.max_model_len
-        self._ids = itertools.count()
+        try:
+            self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress,
+                                    threads=load_threads, startup=timer)  # config, model, checkpoint, weights, post_load
+            with timer.phase("tokenizer"):
+                self.tokenizer = load_tokenizer(self.path)
+                eos = eos_token_ids(self.path, self.tokenizer)
+            with timer.phase("workspace") as phase:
+                self.expert_workspace = attach_expert_workspace(self.model, fp8_workspace_gib, max_num_batched_tokens)
+                workspace_bytes = self.expert_workspace.capacity_bytes if self.expert_workspace is not None else 0
+                phase.detail = "FP8 expert workspace, filled at first use" if workspace_bytes else "none"
+                phase.bytes = workspace_bytes or None
+            with timer.phase("engine"):  # the KV pool (its own phase), the runner, the scheduler, the sampler
+                kv_cache_bytes = kv_cache_gib * 2**30 if kv_cache_gib is not None else None
+                if kv_cache_bytes is None and mem_fraction is not None:
+                    kv_cache_bytes = _kv_budget_from_fraction(self.model, mem_fraction, workspace_bytes)
+                self.engine = Engine(self.model, self.tokenizer, eos_token_ids=eos,
+                                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                     max_model_len=max_model_len, block_size=block_size, num_kv_blocks=num_kv_blocks,
+                                     kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
+                                     num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
+                                     cuda_graphs=cuda_graphs and not enforce_eager, progress=progress, startup=timer,
+                                     async_scheduling=async_scheduling, peers=self.workers)
+            logger.info("%s", timer.summary())
+            self.vocab_size = self.engine.vocab_size
+            self.max_model_len = self.engine.max_model_len
+            self._ids = itertools.count()
+        except BaseException as exc:  # the workers wait on this rank: end them
+            if self.workers is None or (failure := self.workers.abandon(exc)) is exc:
+                raise
+            raise failure from exc
 
     def close(self) -> None:
         """End the tensor-parallel workers (nothing to do in one process); the LLM cannot run after."""

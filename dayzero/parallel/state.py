@@ -111,6 +111,8 @@ def init_process(tp_size: int, ep_size: int, rank: int, init_method: str, device
 def shutdown() -> None:
     """Leave the job (destroy the process group); current() is SINGLE again."""
     global _current
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    _current = SINGLE
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        _current = SINGLE
