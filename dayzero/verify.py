@@ -36,6 +36,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from dayzero.ops.dsa import ranked_topk
+from dayzero.spec import load_spec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Default tolerance on the max relative logits error, per dtype: float32 is held to the issue's
@@ -84,6 +85,8 @@ class VerifyResult:
     reference_inconsistency: dict | None  # the first step where they do not
     steps: list[StepResult] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
+    tp: int = 1  # dayzero's side split over tp x ep processes
+    ep: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,6 +117,71 @@ def reference_load_kwargs(config: dict) -> dict:
 
         return {"quantization_config": Mxfp4Config(dequantize=True)}
     return {}
+
+
+def _dayzero_steps(model, prompt: torch.Tensor, decode_steps: int) -> tuple[list[torch.Tensor], list[int]]:
+    """Prefill, then greedy decode steps: step 0's logits of every prompt position [P, V], then [V] per step."""
+    device, prompt_len = prompt.device, prompt.shape[1]
+    cache = model.new_cache(batch=1)
+    positions = torch.arange(prompt_len, device=device)[None]
+    steps = [model(prompt, positions, cache)[0]]
+    tokens = [int(steps[0][-1].argmax())]
+    for k in range(1, decode_steps + 1):
+        last = torch.tensor([[tokens[-1]]], device=device)
+        pos = torch.tensor([[prompt_len + k - 1]], device=device)
+        steps.append(model(last, pos, cache)[0, -1])
+        tokens.append(int(steps[-1].argmax()))
+    return steps, tokens
+
+
+def _rank_steps(rank: int, tp: int, ep: int, init: str, path: str, dtype: torch.dtype, device: str,
+                prompt: torch.Tensor, decode_steps: int):
+    """One rank of a split run: join, load its shard, run the steps (the gathered logits, alike on every rank)."""
+    from dayzero.parallel import init_process, shutdown
+
+    init_process(tp, ep, rank, init, device)
+    try:
+        model = load_dayzero(path, dtype, device)
+        with torch.no_grad():
+            steps, tokens = _dayzero_steps(model, prompt.to(device), decode_steps)
+        return model.spec.model_type, steps, tokens
+    finally:
+        shutdown()
+
+
+def run_dayzero(path: str | Path, dtype: torch.dtype, device: str, prompt: torch.Tensor, decode_steps: int,
+                tp: int = 1, ep: int = 1) -> tuple[str, list[torch.Tensor], list[int]]:
+    """dayzero's side: (model type, step logits, greedy tokens), in this process or split over tp x ep."""
+    if tp * ep == 1:
+        model = load_dayzero(path, dtype, device)
+        with torch.no_grad():
+            steps, tokens = _dayzero_steps(model, prompt, decode_steps)
+        return model.spec.model_type, steps, tokens
+    import torch.multiprocessing as mp
+
+    from dayzero.engine.tp_workers import free_port
+    from dayzero.models import model_class
+    from dayzero.parallel.launch import Launch
+
+    spec = load_spec(path)
+    model_class(spec).check_parallel(spec.model_type, tp, ep)  # refused before any process starts
+    init, kind, launch = f"tcp://127.0.0.1:{free_port()}", torch.device(device).type, Launch()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_rank_steps, daemon=True, args=(r, tp, ep, init, str(path), dtype,
+                         launch.device(kind, r, tp * ep), prompt.cpu(), decode_steps)) for r in range(1, tp * ep)]
+    for proc in procs:
+        proc.start()
+    try:
+        out = _rank_steps(0, tp, ep, init, str(path), dtype, launch.device(kind, 0, tp * ep), prompt, decode_steps)
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.terminate()
+    bad = [f"rank {r + 1} exited with code {proc.exitcode}" for r, proc in enumerate(procs) if proc.exitcode]
+    if bad:
+        raise RuntimeError(f"the split run failed: {'; '.join(bad)}")
+    return out
 
 
 def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize: bool | None = None,
@@ -273,7 +341,9 @@ def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int]) -> t
 @torch.no_grad()
 def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: int = 8, seed: int = 0,
                       dtype: str = "float32", device: str = "cpu", tolerance: float | None = None,
-                      reference_ties: str = "index") -> VerifyResult:
+                      reference_ties: str = "index", tp: int = 1, ep: int = 1) -> VerifyResult:
+    """tp / ep: dayzero's side split over tp x ep processes (dayzero.parallel; gloo on the CPU, NCCL on
+    CUDA devices 0 ..), its logits gathered on rank 0, this process."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if prompt_len < 1:
@@ -286,28 +356,15 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
     torch_dtype = DTYPES[dtype]
     seconds = {}
 
+    vocab = load_spec(path).vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(device)
     started = time.perf_counter()
-    ours = load_dayzero(path, torch_dtype, device)
-    seconds["load_dayzero"] = time.perf_counter() - started
+    model_type, our_steps, tokens = run_dayzero(path, torch_dtype, device, prompt, decode_steps, tp, ep)
+    seconds["dayzero"] = time.perf_counter() - started  # its load included
     started = time.perf_counter()
     theirs = load_reference(path, torch_dtype, device, ties=reference_ties)
     seconds["load_transformers"] = time.perf_counter() - started
-
-    vocab = ours.spec.vocab_size
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(device)
-
-    started = time.perf_counter()
-    cache = ours.new_cache(batch=1)
-    positions = torch.arange(prompt_len, device=device)[None]
-    our_steps = [ours(prompt, positions, cache)[0]]  # step 0: every prompt position [P, V]; then [V] per step
-    tokens = [int(our_steps[0][-1].argmax())]
-    for k in range(1, decode_steps + 1):
-        last = torch.tensor([[tokens[-1]]], device=device)
-        pos = torch.tensor([[prompt_len + k - 1]], device=device)
-        our_steps.append(ours(last, pos, cache)[0, -1])
-        tokens.append(int(our_steps[-1].argmax()))
-    seconds["dayzero"] = time.perf_counter() - started
 
     started = time.perf_counter()
     cached = reference_cached_logits(theirs, prompt, tokens)
@@ -355,7 +412,9 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
         }
     errors = [s.rel_err for s in steps]
     return VerifyResult(
-        model_type=ours.spec.model_type,
+        model_type=model_type,
+        tp=tp,
+        ep=ep,
         dtype=dtype,
         tolerance=tol,
         prompt_ids=prompt[0].tolist(),
@@ -379,7 +438,9 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
 
 def format_result(r: VerifyResult) -> str:
     ties = ", DSA top-k ties by key index" if r.reference_ties == "index" and r.model_type in DSA_TOPK_MODULES else ""
-    lines = [f"dayzero verify: {r.model_type}, {r.dtype}, prompt {len(r.prompt_ids)} tokens, {r.decode_steps} decode steps",
+    split = f", dayzero over tp {r.tp} x ep {r.ep} processes" if r.tp * r.ep > 1 else ""
+    lines = [f"dayzero verify: {r.model_type}, {r.dtype}, prompt {len(r.prompt_ids)} tokens, {r.decode_steps} decode "
+             f"steps{split}",
              f"  oracle: {r.oracle}{ties}; checked against transformers' cached generate (cached-full)",
              f"  {'step':<10} {'vs full':>10} {'vs cached':>10} {'cached-full':>12}  {'dayzero':>7} {'transformers':>12}"]
     for s in r.steps:
