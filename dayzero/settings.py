@@ -9,7 +9,8 @@ and benchmarks change settings in-process with `override(**fields)`, a context m
 
 `reload()` reads the environment again (for a process that changed it on purpose). docs/settings.md
 lists the settings; it is this module's `markdown_table()` (`python -m dayzero.settings` prints it,
-and a test keeps the two equal).
+and a test keeps the two equal). The one other environment the package reads is torchrun's
+(`launcher_environment()`: RANK, WORLD_SIZE, LOCAL_RANK), which says how the process was started.
 """
 
 from __future__ import annotations
@@ -140,6 +141,14 @@ def from_environ(environ: Mapping[str, str] | None = None) -> Settings:
         if raw is not None:
             values[f.name] = f.metadata["parse"](f.metadata["env"], raw)
     return Settings(**values)
+
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def launcher_environment() -> dict[str, str]:
+    """torchrun's variables that are set in this process's environment (parallel/launch.py reads them)."""
+    return {name: os.environ[name] for name in TORCHRUN_VARIABLES if name in os.environ}
 
 
 _stack: list[Settings] = []

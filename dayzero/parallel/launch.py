@@ -15,11 +15,11 @@ Rank r's device is CUDA device r % (ranks per node) (torchrun: LOCAL_RANK), or t
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+from dayzero import settings
+from dayzero.settings import TORCHRUN_VARIABLES
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class Launch:
 
 def from_torchrun(environ: Mapping[str, str] | None = None) -> Launch | None:
     """The Launch torchrun's environment describes (None: not started by torchrun)."""
-    env = os.environ if environ is None else environ
+    env = settings.launcher_environment() if environ is None else environ
     if not all(v in env for v in TORCHRUN_VARIABLES):
         return None
     try:
