@@ -28,6 +28,7 @@ from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models.base import WeightTarget, collect_weight_targets, copy_target, empty_param
 from dayzero.models.layers import Linear, RMSNorm
+from dayzero.models.sharded import ColumnLinear, ExpertShard
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.weights import TensorSpec
 
@@ -119,19 +120,18 @@ class AttentionResidualState:
         return res(self.candidates())
 
 
-class MLAOutputGate(nn.Module):
+class MLAOutputGate(ColumnLinear):
     """K3 gated MLA (`mla_use_output_gate`): o = o * sigmoid(g_proj(x)) right before o_proj.
 
     Mount as `self_attn.g_proj` (weight [heads * v_head_dim, hidden], no bias in K3). x is the
     attention's input (after input_layernorm), o the per-head attention output flattened to
     [..., heads * v_head_dim]; the gate is elementwise, computed in o's dtype. `bias` follows
-    `attention_bias` (False in K3).
+    `attention_bias` (False in K3). A tensor-parallel rank holds the rows of its heads (a ColumnLinear:
+    rows [r * width / tp, ...), heads [r * heads / tp, ...) of v_head_dim each) and gates their output.
     """
 
     def __init__(self, hidden: int, width: int, *, bias: bool = False, dtype: torch.dtype = torch.float32, device=None):
-        super().__init__()
-        self.weight = empty_param((width, hidden), dtype, device)
-        self.bias = empty_param((width,), dtype, device) if bias else None
+        super().__init__(hidden, width, bias=bias, name="self_attn.g_proj", dtype=dtype, device=device)
 
     def forward(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if o.shape[-1] != self.weight.shape[0] or o.shape[:-1] != x.shape[:-1]:
@@ -139,8 +139,7 @@ class MLAOutputGate(nn.Module):
                 f"MLAOutputGate: attention output {tuple(o.shape)} must be [..., {self.weight.shape[0]}] with the "
                 f"leading dims of the attention input {tuple(x.shape)}"
             )
-        gate = ops.linear(x, self.weight, self.bias)
-        return o * torch.sigmoid(gate.to(o.dtype))
+        return o * torch.sigmoid(super().forward(x).to(o.dtype))
 
 
 class CompressedTensorsMxfp4Experts(nn.Module):
@@ -153,6 +152,8 @@ class CompressedTensorsMxfp4Experts(nn.Module):
     is accepted too). In memory: w13 uint8 [E, 2I, K/32, 16] (gate rows first), w13_scale
     [E, 2I, K/32], w2 [E, K, I/32, 16], w2_scale [E, K, I/32], with K = `input_dim` (the latent
     width L for a latent MoE, else hidden). The bytes are copied as they are, never re-encoded.
+    An expert-parallel rank holds experts [start, stop) of the `num` (ExpertShard: E above is its share)
+    and loads only their tensors; its forward returns the sum over every rank's experts.
     """
 
     fp8_workspace = None  # the engine's FP8 expert workspace, passed with the weights (dayzero/engine/llm.py)
@@ -163,6 +164,8 @@ class CompressedTensorsMxfp4Experts(nn.Module):
             if value % mxfp4.BLOCK_SIZE:
                 raise ValueError(f"CompressedTensorsMxfp4Experts: {name} {value} must be a multiple of {mxfp4.BLOCK_SIZE} "
                                  "(one E8M0 scale per 32 values along K)")
+        self.shard = ExpertShard(num)
+        num = self.shard.num_local
         self.num, self.intermediate, self.input_dim = num, intermediate, input_dim
         half = mxfp4.BLOCK_SIZE // 2
         for name, (n, k) in {"w13": (2 * intermediate, input_dim), "w2": (input_dim, intermediate)}.items():
@@ -180,15 +183,16 @@ class CompressedTensorsMxfp4Experts(nn.Module):
                 rows = slice(None) if half is None else slice(half * i, (half + 1) * i)
                 blocks = getattr(self, stacked)[e, rows]  # [out, K/32, 16]
                 scales = getattr(self, stacked + "_scale")[e, rows]  # [out, K/32]
-                base = f"{prefix}{e}.{name}."
+                base = f"{prefix}{self.shard.start + e}.{name}."
                 targets[base + "weight_packed"] = _packed_target(blocks)
                 targets[base + "weight_scale"] = _scale_target(scales)
         return targets
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 activation: Activation) -> torch.Tensor:
-        """x [T, K], topk_ids / topk_weights [T, k] -> sum_k w * expert(x) [T, K]."""
-        return ops.moe_experts_mxfp4(x, topk_ids, topk_weights, self.experts(), activation)
+        """x [T, K], topk_ids / topk_weights [T, k] (the model's expert ids) -> sum_k w * expert(x) [T, K]."""
+        ids, weights = self.shard.route(topk_ids, topk_weights)
+        return self.shard.combine(ops.moe_experts_mxfp4(x, ids, weights, self.experts(), activation))
 
 
 def _packed_target(blocks: torch.Tensor) -> WeightTarget:
@@ -229,7 +233,9 @@ class LatentMoE(nn.Module):
     `block_sparse_moe.routed = LatentMoE(...)` the checkpoint names are
     `block_sparse_moe.routed_expert_down_proj.weight`, `block_sparse_moe.experts.{j}.w1.weight_packed`, ...
     `experts` is any module with `forward(z, topk_ids, topk_weights, activation)` (for K3,
-    `CompressedTensorsMxfp4Experts` with input_dim = L).
+    `CompressedTensorsMxfp4Experts` with input_dim = L) that returns the sum over all experts: split over
+    expert-parallel ranks, it combines them, so that the norm sees the whole sum. The projections and the
+    norm are whole on every rank (every rank has every token).
     """
 
     def __init__(self, hidden: int, latent: int, experts: nn.Module, activation: Activation, *, use_norm: bool,

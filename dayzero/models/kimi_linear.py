@@ -48,6 +48,11 @@ addition driven by its config field, so that a checkpoint without the field runs
     quantization_config compressed-tensors mxfp4-pack-quantized   routed experts kept packed as
                              canonical MXFP4 (`experts.{j}.{w}.weight_packed` / `weight_scale`)
 The vision tower, the projector and MTP layers of a K3 checkpoint are not loaded (text prompts).
+
+Split over processes (docs/parallel.md), K3 as Kimi Linear: KDA and MLA heads over tp (every per-head
+tensor by head, K3's output gates `g_proj` too), dense MLPs, shared experts and the vocabulary over tp,
+the routed experts (bf16 or MXFP4, as stored) over ep; the router, the norms, MLA's latent projections,
+the attention residual mixers and the latent MoE's routed_expert_{down_proj,norm,up_proj} whole.
 """
 
 from __future__ import annotations
@@ -247,8 +252,10 @@ class MLAttention(nn.Module):
 
     def __init__(self, attn: AttentionSpec, hidden: int, dtype, device):
         super().__init__()
-        h = attn.num_heads  # the model's; a tensor-parallel rank holds h / tp (q, kv_b by rows, o by columns)
-        self.heads, self.nope, self.rope_dim = h // current().tp_size, attn.qk_nope_head_dim, attn.qk_rope_head_dim
+        h = attn.num_heads  # the model's; a tensor-parallel rank holds h / tp (q, kv_b and K3's g_proj by rows,
+        # o by columns); the latent (q_a, kv_a and their norms) whole
+        first, last = current().split(h, "num_attention_heads")
+        self.heads, self.nope, self.rope_dim = last - first, attn.qk_nope_head_dim, attn.qk_rope_head_dim
         self.v_dim, self.rank, self.q_rank = attn.v_head_dim, attn.kv_lora_rank, attn.q_lora_rank
         qk_dim = self.nope + self.rope_dim
         kw = dict(dtype=dtype, device=device)
@@ -444,16 +451,10 @@ class KimiLinearForCausalLM(CausalLM):
             self.lm_head = ColumnLinear(spec.hidden_size, spec.vocab_size, gather=True, name="lm_head (vocab_size)",
                                         dtype=dtype, device=device)
 
-    tensor_parallel = True  # KDA and MLA heads, dense and shared MLPs, vocabulary (Kimi Linear; not K3's parts)
+    # KDA and MLA heads (with K3's output gates), dense and shared MLPs, vocabulary over tp; routed experts (K3's
+    # MXFP4 too) over ep; router, attention residual mixers and the latent MoE's projections and norm whole
+    tensor_parallel = True
     expert_parallel = True
-
-    @classmethod
-    def check_parallel(cls, model_type: str, tp: int, ep: int) -> None:
-        if model_type == "kimi_k3" and tp * ep > 1:
-            raise NotImplementedError(f"tensor / expert parallelism (--tp {tp} --ep {ep}) is not built for kimi_k3 "
-                                      "yet (its latent MoE, MXFP4 experts and attention residuals); run it with "
-                                      "--tp 1 --ep 1")
-        super().check_parallel(model_type, tp, ep)
 
     def weight_targets(self, prefix: str = "") -> dict[str, WeightTarget]:
         return collect_weight_targets(self, prefix + self.checkpoint_prefix)

@@ -108,6 +108,8 @@ class RowLinear(_Sharded, Linear):
         """x [N, in / tp] (this rank's share of the features) -> [N, out], summed over ranks."""
         if self.parallel.tp_group is None:
             return super().forward(x)
+        if self.parallel.tp_size == 1:  # a group of one: the unsplit kernels (bias inside the matmul), then the sum
+            return comm.all_reduce(super().forward(x))
         if self.fmt == "fp8":
             y = ops.linear_fp8_block(x, self.weight, getattr(self, self.scale_name), None, self.block)
         else:

@@ -140,17 +140,22 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
         assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
 
 
-def test_a_family_without_a_split_is_refused_before_any_process_starts(tmp_path):
+def test_a_bad_parallel_request_is_refused_before_any_process_starts(tmp_path):
     from dayzero.engine.llm import LLM
+    from dayzero.models.base import CausalLM
+    from dayzero.models.kimi_linear import KimiLinearForCausalLM
 
     with pytest.raises(ValueError, match="expert_parallel_size must be a whole number >= 1, got 0"):
         LLM(expert_parallel_size=0)
     assert not mp.active_children()
-    from dayzero.models.kimi_linear import KimiLinearForCausalLM
 
-    with pytest.raises(NotImplementedError, match="not built for kimi_k3"):  # same class, K3's parts unsplit
-        KimiLinearForCausalLM.check_parallel("kimi_k3", 1, 2)
-    KimiLinearForCausalLM.check_parallel("kimi_linear", 2, 2)
+    class Unsplit(CausalLM):  # a family whose modules have no split yet
+        pass
+
+    with pytest.raises(NotImplementedError, match=r"expert parallelism \(--ep 2\) is not built for new_family"):
+        Unsplit.check_parallel("new_family", 1, 2)
+    Unsplit.check_parallel("new_family", 1, 1)
+    KimiLinearForCausalLM.check_parallel("kimi_k3", 2, 2)  # K3 splits both ways (tests/parallel/test_k3_parallel.py)
 
 
 def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path):
