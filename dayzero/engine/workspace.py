@@ -1,6 +1,6 @@
 """The FP8 expert workspace of path B (MXFP4 experts converted per activated expert into a bounded, cross-layer
 FP8 buffer), made where the kernel library needs one and handed to the model's MoE layers; every
-tensor-parallel rank makes its own."""
+rank of a parallel job makes its own, sized for the experts it holds (E / ep)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def attach_expert_workspace(model, gib: float | None, max_tokens: int):
     takers = _workspace_takers(model)
     nbytes = 0
     if e is not None and takers:
-        nbytes = moe_kernels.workspace_bytes(e.format, e.num, e.top_k, e.input_dim, e.intermediate_size, max_tokens,
+        local = e.num // model.parallel.ep_size  # an expert-parallel rank activates only its own experts
+        nbytes = moe_kernels.workspace_bytes(e.format, local, e.top_k, e.input_dim, e.intermediate_size, max_tokens,
                                              moe_kernels.Device.of(model.device_), settings.get(), gib=gib)
     if nbytes == 0:
         if gib:

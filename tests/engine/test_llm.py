@@ -415,6 +415,17 @@ def test_the_fp8_expert_workspace_is_reserved_where_path_b_can_run():
         assert ws is not None and ws.capacity_bytes == e.num * expert_slot_bytes(e.intermediate_size, e.input_dim)
         assert all(m.fp8_workspace is ws for m in forced.model.modules() if hasattr(type(m), "fp8_workspace"))
         assert LLM(kv_cache_gib=0.01, fp8_workspace_gib=0).expert_workspace is None  # 0: no workspace
+        from dataclasses import replace
+
+        from dayzero.engine.workspace import attach_expert_workspace
+
+        model = forced.model
+        model.parallel = replace(model.parallel, ep_size=2, ep_rank=1)  # a rank holding half of the experts
+        try:
+            half = attach_expert_workspace(model, None, 8192)
+        finally:
+            model.parallel = replace(model.parallel, ep_size=1, ep_rank=0)
+        assert half.capacity_bytes == e.num // 2 * expert_slot_bytes(e.intermediate_size, e.input_dim)
     full = _kv_budget_from_fraction(forced.model, 0.9, 0)
     assert _kv_budget_from_fraction(forced.model, 0.9, ws.capacity_bytes) == full - ws.capacity_bytes
 
