@@ -42,7 +42,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     config = _model_dir(None) / "config.json" if args.model is None else config_file(args.model)
     model_dir = config.parent
-    plan_args = {"gpus": args.gpus, "context": args.context}
+    plan_args = {"gpus": args.gpus, "tp": args.tp, "ep": args.ep, "layout": args.layout, "context": args.context}
     if args.gpu_mem_gib is not None:
         plan_args["gpu_mem_gib"] = args.gpu_mem_gib
     report = build_report(config, **plan_args)
@@ -173,7 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model_arguments(p, "checkpoint directory, or its config file (any name: only the config is read)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--gpus", type=_at_least(1), default=1, help="GPUs to plan for (default 1)")
+    p.add_argument("--gpus", type=_at_least(1), default=None,
+                   help="GPUs to plan for (default tp x ep, else 1); alone, the valid tp x ep split with the longest "
+                   "context is chosen and the others listed")
+    p.add_argument("--tp", "--tp-size", "--tensor-parallel-size", dest="tp", type=_at_least(1), default=None,
+                   help="plan this tensor-parallel split (default: --gpus / --ep, or chosen)")
+    p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep", type=_at_least(1), default=None,
+                   help="plan this expert-parallel split (default: --gpus / --tp, or chosen)")
+    p.add_argument("--layout", action="store_true",
+                   help="also the fewest GPUs, and their split, that hold one sequence of --context tokens "
+                   "(default max_position_embeddings)")
     p.add_argument("--gpu-mem-gib", type=float, default=None, help="memory per GPU in GiB (default: H200, 141)")
     p.add_argument("--context", type=_at_least(1), default=None, help="context length to size the KV cache for")
     p.add_argument("--load", action="store_true", help="also read every tensor back from disk, validating the files")

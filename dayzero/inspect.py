@@ -1,9 +1,12 @@
 """`dayzero inspect`: what a checkpoint is, what it needs, and whether it fits.
 
-`build_report(path_or_spec, gpus, gpu_mem_gib, context)` returns a plain dict (the `--json`
-output): features, per-layer kinds, parameter counts, ops needed with the backends that cover
-them, and the memory plan. `format_report(report)` renders it as text tables. Only config.json
-is read; docs/inspect.md states every convention.
+`build_report(path_or_spec, gpus, gpu_mem_gib, context, tp=, ep=, layout=)` returns a plain dict (the
+`--json` output): features, per-layer kinds, parameter counts, ops needed with the backends that cover
+them, the memory plan of the parameter counts spread evenly over the GPUs ("memory"), the per-GPU plan
+of a tp x ep split as the ranks hold it ("split": the given split, or the best valid split of the GPUs;
+dayzero.split_plan) and, with layout, the fewest GPUs that hold one sequence of the context ("layout").
+`format_report(report)` renders it as text tables: "memory" on one GPU, "split" on more or with tp / ep
+given. Only config.json is read; docs/inspect.md states every convention.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from dayzero import plan
+from dayzero import plan, split_plan
 from dayzero.ops import requirements
 from dayzero.units import format_bytes, format_count, format_gib
 from dayzero.spec import ModelSpec, load_spec
@@ -90,17 +93,75 @@ def _cache_by_kind(spec: ModelSpec) -> dict[str, dict]:
     return out
 
 
+def _refused_today(spec: ModelSpec, tp: int, ep: int) -> str | None:
+    """Why the model file cannot run this split today (None: it can)."""
+    from dayzero.models import model_class
+
+    try:
+        model_class(spec).check_parallel(spec.model_type, tp, ep)
+    except (NotImplementedError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+def resolve_split(gpus: int | None, tp: int | None, ep: int | None) -> tuple[int, int | None, int | None]:
+    """(GPUs, tp, ep) of --gpus / --tp / --ep: the one of tp and ep not given is what the GPUs leave
+    (1 without --gpus); neither given: (gpus or 1, None, None), the split to be chosen. ValueError naming
+    the flags where they contradict."""
+    if tp is None and ep is None:
+        return gpus or 1, None, None
+    if gpus is not None and (tp is None or ep is None):
+        flag, given = ("--tp", tp) if ep is None else ("--ep", ep)
+        if gpus % given:
+            raise ValueError(f"--gpus {gpus} is not a multiple of {flag} {given}; give a {flag} that divides "
+                             "--gpus, or --gpus alone to choose the split")
+        tp, ep = (tp, gpus // tp) if ep is None else (gpus // ep, ep)
+    tp, ep = tp or 1, ep or 1
+    if gpus is not None and tp * ep != gpus:
+        raise ValueError(f"--gpus {gpus} is not --tp {tp} x --ep {ep} = {tp * ep} GPUs; give --tp and --ep "
+                         "alone, or --gpus alone to choose the split")
+    return tp * ep, tp, ep
+
+
+def _split_report(spec: ModelSpec, gpus: int, tp: int | None, ep: int | None, context: int | None,
+                  plan_args: dict) -> dict:
+    """The per-GPU plan of tp x ep, or (neither given) of the best valid split of gpus and the others."""
+    if tp is None:
+        best, others, invalid = split_plan.best_split(spec, gpus, context=context, **plan_args)
+    else:
+        best, others, invalid = split_plan.rank_plan(spec, tp, ep, context=context, **plan_args), [], {}
+    return {"gpus": gpus, "chosen": tp is None, "plan": best and best.to_dict(),
+            "others": [p.summary() for p in others], "invalid": invalid,
+            "refused_today": best and _refused_today(spec, best.tp, best.ep)}
+
+
+def _layout_report(spec: ModelSpec, context: int | None, plan_args: dict) -> dict:
+    """The fewest GPUs that hold one sequence of `context` tokens (default max_position_embeddings)."""
+    fewest = split_plan.fewest_gpus(spec, context, **plan_args)
+    if fewest is None:
+        return {"gpus": None, "max_gpus": split_plan.MAX_LAYOUT_GPUS,
+                "context": context or spec.context.max_position_embeddings}
+    return {**fewest.to_dict(), "refused_today": _refused_today(spec, fewest.plan.tp, fewest.plan.ep)}
+
+
 def build_report(
     path_or_spec: str | Path | Mapping[str, Any] | ModelSpec,
-    gpus: int = 1,
+    gpus: int | None = None,
     gpu_mem_gib: float = plan.H200_GPU_MEM_GIB,
     context: int | None = None,
     *,
+    tp: int | None = None,
+    ep: int | None = None,
+    layout: bool = False,
     kv_dtype: str = "bf16",
     activation_reserve_gib: float = 8.0,
     workspace: plan.WorkspacePolicy = plan.WorkspacePolicy(),
 ) -> dict:
-    """The inspect report as a JSON-ready dict. gpu_mem_gib defaults to one H200 (141 GiB)."""
+    """The inspect report as a JSON-ready dict. gpu_mem_gib defaults to one H200 (141 GiB). gpus: the even
+    split's GPUs (default tp x ep, else 1); tp / ep: the split of the per-GPU plan ("split"; neither given:
+    the best valid split of gpus); layout: also the fewest GPUs that hold one sequence of `context` tokens
+    (default the model's max_position_embeddings; "layout")."""
+    gpus, tp, ep = resolve_split(gpus, tp, ep)
     spec = path_or_spec if isinstance(path_or_spec, ModelSpec) else load_spec(path_or_spec)
     labels = [f"{layer.attention.kind}+{layer.mlp.kind}" for layer in spec.layers]
     attention_kinds = {}
@@ -115,6 +176,11 @@ def build_report(
                            activation_reserve_gib=activation_reserve_gib, workspace=workspace)
     memory = mem.to_dict()
     memory["cache_by_attention_kind"] = _cache_by_kind(spec)
+    plan_args = dict(gpu_mem_gib=gpu_mem_gib, kv_dtype=kv_dtype, activation_reserve_gib=activation_reserve_gib,
+                     workspace=workspace)
+    extra = {"split": _split_report(spec, gpus, tp, ep, context, plan_args)}
+    if layout:
+        extra["layout"] = _layout_report(spec, context, plan_args)
     ops = _ops_table(spec)
     return {
         "source": spec.source,
@@ -141,6 +207,7 @@ def build_report(
         "ops": ops,
         "ops_missing": [row["op"] for row in ops if not row["backends"]],
         "memory": memory,
+        **extra,
     }
 
 
@@ -215,8 +282,17 @@ def format_report(report: dict) -> str:
     missing = r["ops_missing"]
     lines.append(f"  {len(missing)} of {len(rows)} ops have no implementation" + (f": {', '.join(missing)}" if missing else ""))
 
-    m = r["memory"]
-    lines += ["", f"Memory plan: {m['gpus']} GPU(s) x {m['gpu_mem_gib']:.0f} GiB, KV {m['kv_dtype']}, one sequence"]
+    if r["split"]["gpus"] > 1 or not r["split"]["chosen"]:  # a split of GPUs, or --tp / --ep given
+        lines += _format_split(r["split"])
+    else:
+        lines += _format_memory(r["memory"])
+    if "layout" in r:
+        lines += _format_layout(r["layout"])
+    return "\n".join(lines)
+
+
+def _format_memory(m: dict) -> list[str]:
+    lines = ["", f"Memory plan: {m['gpus']} GPU(s) x {m['gpu_mem_gib']:.0f} GiB, KV {m['kv_dtype']}, one sequence"]
     fmt = ", ".join(f"{k} {format_gib(g)}" for k, g in m["weights_gib_by_format"].items())
     plan_rows = [
         ["weights (total)", format_gib(m['weights_gib']), fmt],
@@ -241,4 +317,88 @@ def format_report(report: dict) -> str:
                   f"{c['fixed_bytes_bf16'] / 1024:.0f}", str(c["window"] or "-")] for k, c in m["cache_by_attention_kind"].items()]
     lines += ["", "  cache per layer, one sequence"]
     lines += _table(["kind", "layers", "B/token bf16", "B/token fp8", "bounded KiB bf16", "window"], kind_rows, "    ")
-    return "\n".join(lines)
+    return lines
+
+
+CATEGORY_NOTES = {"attention": "heads over tp", "experts": "over ep", "mlp": "over tp", "vocabulary": "rows over tp",
+                  "other": "norms, routers, mixers", "derived": "made at load"}
+
+
+def _per_gpu_rows(p: dict) -> list[list[str]]:
+    """The rows of one split's per-GPU plan (split_plan.RankPlan.to_dict)."""
+    rows = [["weights", format_gib(p["weights_gib_per_gpu"]), ""]]
+    for category, w in p["weights_by_category"].items():
+        if not w["gib"]:
+            continue
+        whole = w["whole_gib"]
+        note = ("whole on every GPU" if whole == w["gib"] else
+                CATEGORY_NOTES[category] + (f", {format_gib(whole)} of it whole" if whole else ""))
+        if category == "experts":
+            note = f"{p['experts_per_gpu']} of {p['num_experts']} routed experts, {note}"
+        rows.append([f"  {category}", format_gib(w["gib"]), note])
+    free = p["free_for_cache_gib_per_gpu"]
+    rows += [
+        ["expert workspace", format_gib(p["expert_workspace_gib_per_gpu"]), "FP8 copies of its activated 4-bit experts (path B; none on sm_90)"],
+        ["activation reserve", format_gib(p["activation_reserve_gib_per_gpu"]), ""],
+        ["free for cache", format_gib(max(0.0, free)), "" if free >= 0 else
+         f"none: the above exceed the GPU by {format_gib(-free)}; more GPUs (--gpus) or another split"],
+        ["cache per token", format_bytes(p["cache_bytes_per_token_per_gpu"]), "this GPU's share, all layers"],
+        ["bounded cache", format_gib(p["cache_fixed_gib_per_gpu"]), "one sequence: windows, compressor and KDA states"],
+        ["longest context", f"{p['max_context_tokens']:,} tokens",
+         f"one sequence; limit {p['context_limit']:,} with max_position_embeddings"],
+    ]
+    for tokens, n in p["sequences_at_context"].items():
+        rows.append([f"KV capacity at {int(tokens):,}", "-" if n is None else f"{n:,} sequence(s)",
+                     "past max_position_embeddings" if n is None else "at once"])
+    if p.get("context") is not None:
+        rows.append([f"context {p['context']:,}", format_gib(p["context_cache_gib"]) + " cache",
+                     "fits" if p["context_fits"] else "does NOT fit"])
+    return rows
+
+
+def _others(others: list[dict], gpus: int) -> list[str]:
+    """The other valid splits of the GPUs, one line each."""
+    if not others:
+        return []
+    rows = [[f"tp {o['tp']} x ep {o['ep']}", format_gib(o["weights_gib_per_gpu"]) + " weights",
+             format_gib(max(0.0, o["free_for_cache_gib_per_gpu"])) + " free",
+             f"longest context {o['max_context_tokens']:,}"] for o in others]
+    return [f"  other valid splits of {gpus} GPUs"] + _table(["", "", "", ""], rows, "    ")[2:]
+
+
+def _format_split(split: dict) -> list[str]:
+    p, gpus = split["plan"], split["gpus"]
+    if p is None:
+        lines = ["", f"Memory plan per GPU: no valid split of {gpus} GPUs"]
+    else:
+        how = ("as given" if not split["chosen"] else "the valid split with the longest context" if p["max_context_tokens"]
+               else "no valid split leaves room for the cache; this one comes closest")
+        lines = ["", f"Memory plan per GPU: tp {p['tp']} x ep {p['ep']} on {gpus} GPU{'s' * (gpus > 1)} x "
+                     f"{p['gpu_mem_gib']:.0f} GiB ({how}), KV {p['kv_dtype']}"]
+        lines += _table(["", "", ""], _per_gpu_rows(p))[2:]
+        if split["refused_today"]:
+            lines.append(f"  refused today: {split['refused_today']}")
+        held = lambda c: "split over tp" if c["split"] else ("whole on every GPU" if p["tp"] > 1 else "-")  # noqa: E731
+        kinds = [[k, str(c["layers"]), f"{c['bytes_per_token_per_gpu']:.0f}", f"{c['fixed_bytes_per_gpu'] / 1024:.0f}",
+                  held(c)] for k, c in p["cache_by_attention_kind"].items()]
+        lines += ["", "  cache per layer per GPU, one sequence"]
+        lines += _table(["kind", "layers", "B/token", "bounded KiB", "held"], kinds, "    ")
+    lines += _others(split["others"], gpus)
+    if split["invalid"]:
+        lines += [f"  invalid splits of {gpus} GPUs"] + [f"    {name}: {why}" for name, why in split["invalid"].items()]
+    return lines
+
+
+def _format_layout(layout: dict) -> list[str]:
+    context = layout["context"]
+    if layout["gpus"] is None:
+        return ["", f"Layout: no split of up to {layout['max_gpus']} GPUs holds one sequence of {context:,} tokens"]
+    p = layout["plan"]
+    lines = ["", f"Layout: the fewest GPUs that hold one sequence of {context:,} tokens ({p['gpu_mem_gib']:.0f} GiB "
+                 f"each, KV {p['kv_dtype']})",
+             f"  {layout['gpus']} GPUs ({layout['nodes']} node(s) of {split_plan.GPUS_PER_NODE}), tp {layout['tp']} x "
+             f"ep {layout['ep']}"]
+    lines += _table(["", "", ""], _per_gpu_rows(p))[2:]
+    if layout["refused_today"]:
+        lines.append(f"  refused today: {layout['refused_today']}")
+    return lines + _others(layout["alternatives"], layout["gpus"])

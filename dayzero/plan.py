@@ -365,6 +365,22 @@ class MemoryPlan:
         return asdict(self)
 
 
+def context_fit(free: float, per_token: float, fixed: float, max_position: int,
+                context: int | None = None) -> tuple[int, float | None, bool | None]:
+    """One sequence in `free` cache bytes: (longest context, uncapped; GiB of a `context`-token sequence;
+    whether it fits, within max_position too). fixed: its bounded bytes (windows, states)."""
+    room = free - fixed
+    if room <= 0:
+        max_ctx = 0
+    elif per_token == 0:
+        max_ctx = max_position
+    else:
+        max_ctx = int(room // per_token)
+    if context is None:
+        return max_ctx, None, None
+    return max_ctx, (context * per_token + fixed) / GIB, room >= context * per_token and context <= max_position
+
+
 def memory_plan(
     spec: ModelSpec,
     gpus: int = 1,
@@ -386,17 +402,7 @@ def memory_plan(
     ws = expert_workspace_bytes(spec, gpus, workspace)
     free = gpu_mem_gib * GIB - weights / gpus - ws - activation_reserve_gib * GIB
     per_token, fixed = cache_totals(spec, kv_dtype)
-    room = gpus * free - fixed
-    if room <= 0:
-        max_ctx = 0
-    elif per_token == 0:
-        max_ctx = spec.context.max_position_embeddings
-    else:
-        max_ctx = int(room // per_token)
-    ctx_gib = fits = None
-    if context is not None:
-        ctx_gib = (context * per_token + fixed) / GIB
-        fits = room >= context * per_token and context <= spec.context.max_position_embeddings
+    max_ctx, ctx_gib, fits = context_fit(gpus * free, per_token, fixed, spec.context.max_position_embeddings, context)
     return MemoryPlan(
         gpus=gpus,
         gpu_mem_gib=gpu_mem_gib,
