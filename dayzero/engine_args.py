@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from dayzero.parallel.state import EXPERT_DISPATCH
+
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
 
 
@@ -66,6 +68,10 @@ def add_parallel_arguments(p: argparse.ArgumentParser) -> None:
                    help="processes the attention and dense layers are split over, one per device (default 1)")
     p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep", type=int, default=1,
                    help="processes the routed experts are split over; the job runs tp x ep processes (default 1)")
+    p.add_argument("--expert-dispatch", choices=EXPERT_DISPATCH, default="all_reduce",
+                   help="with --ep > 1, how tokens reach the experts' ranks: all_reduce (every rank runs its experts "
+                        "on every token, outputs summed; CUDA graphs) or all_to_all (each token's pairs sent to their "
+                        "experts' ranks and back; eager decode) (default all_reduce; docs/parallel.md)")
     p.add_argument("--nnodes", type=int, default=1,
                    help="nodes the tp x ep processes run on, tp x ep / nnodes each (default 1)")
     p.add_argument("--node-rank", type=int, default=0,
@@ -78,7 +84,8 @@ def parallel_kwargs(args: argparse.Namespace) -> dict:
     for flag, n in (("--tp", args.tp), ("--ep", args.ep)):
         if n < 1:
             raise ValueError(f"{flag} must be at least 1, got {n}")
-    return dict(tensor_parallel_size=args.tp, expert_parallel_size=args.ep, nnodes=args.nnodes,
+    return dict(tensor_parallel_size=args.tp, expert_parallel_size=args.ep, expert_dispatch=args.expert_dispatch,
+                nnodes=args.nnodes,
                 node_rank=args.node_rank, dist_init_addr=args.dist_init_addr)
 
 

@@ -119,6 +119,11 @@ class Settings:
         "DAYZERO_LOAD_THREADS", 0, _whole,
         "threads reading checkpoint files at load (dayzero/weights/fill.py); 0: min(8, CPU count); 1: one reader",
         shown="0")
+    static_decode: bool = setting(
+        "DAYZERO_STATIC_DECODE", False, _switch,
+        "decode steps run the CUDA graphs' padded static step (dayzero/engine/graphs.py) eagerly where no graph "
+        "is captured (the CPU, --no-cuda-graphs): to check the padding and the fixed buffers, every rank of a "
+        "parallel job too", shown="0")
     pdl: bool = setting(
         "DAYZERO_PDL", True, _switch,
         "launch the decode layer's kernels with programmatic dependent launch (sm_90+; kernels/pdl.py)", shown="1")

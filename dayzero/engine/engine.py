@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from dayzero import settings
 from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine.detokenizer import IncrementalDetokenizer
 from dayzero.engine.errors import InvalidRequestError
@@ -33,6 +34,7 @@ from dayzero.engine.scheduler import Scheduler
 from dayzero.engine.tp_workers import PoolConfig
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
+from dayzero.parallel import comm, current, dispatch
 from dayzero.startup import StartupTimer
 
 
@@ -106,8 +108,8 @@ class Engine:
         graphs captured per batch-size bucket (dayzero.engine.graphs) where the model allows it (else
         the log says why); progress: a bar while capturing. startup: the timer the engine's phases are
         recorded in (cache_layout, kv_pool, capture; self.startup, a fresh one when not given). peers: the
-        other tensor-parallel ranks (dayzero.engine.tp_workers.Workers): they size their pools as this one
-        and run every step; their steps run eagerly and synchronously (no graphs, no async scheduling yet)."""
+        other tensor-parallel ranks (dayzero.engine.tp_workers.Workers): they size their pools as this one,
+        capture the same decode graphs and run every step as this one does."""
         self.startup = startup if startup is not None else StartupTimer()
         self.model = model
         self.tokenizer = tokenizer
@@ -141,28 +143,31 @@ class Engine:
             phase.bytes = storage.nbytes
             phase.detail = f"{' + '.join(map(str, blocks))} blocks of {block_size} tokens"
         self.runner = PagedRunner(model, kv, storage, snapshots)
-        if peers is not None:
-            peers.configure(PoolConfig(blocks, block_size, max_num_seqs, num_state_snapshots))
-            self.runner.peers = peers
-            if cuda_graphs and model.device_.type == "cuda":
-                log.info("%s: decode steps run eagerly: CUDA graphs with tensor parallelism are not built yet",
-                         model.spec.model_type)
-            cuda_graphs = async_scheduling = False
+        graph_mode, blocker = None, None  # "capture", "static" (the padded step, eagerly) or None
         if cuda_graphs and model.device_.type == "cuda":
-            blocker = model.cuda_graph_blocker(self.max_model_len)
-            if blocker is None:
-                with self.startup.phase("capture") as phase:
-                    try:
-                        graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
-                                              progress=progress)
-                        phase.detail = f"{len(graphs.graphs)} decode graphs, batch {','.join(map(str, graphs.buckets))}"
-                        self.runner.graphs = graphs
-                    except GraphCaptureError as e:
-                        blocker = str(e)
-                        phase.detail = "failed: decode runs eagerly"
-                        torch.cuda.synchronize(model.device_)
-            if blocker is not None:
-                log.info("%s: decode steps run eagerly, without CUDA graphs: %s", model.spec.model_type, blocker)
+            blocker = model.cuda_graph_blocker(self.max_model_len) or dispatch.cuda_graph_blocker(current())
+            graph_mode = "capture" if blocker is None else None
+        if graph_mode is None and settings.get().static_decode:
+            graph_mode = "static"
+        if peers is not None:  # every rank sizes its pool as this one and captures the same graphs
+            peers.configure(PoolConfig(blocks, block_size, max_num_seqs, num_state_snapshots, self.max_model_len,
+                                       graph_mode))
+            self.runner.peers = peers
+        if graph_mode == "static":
+            self.runner.graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len, capture=False)
+        elif graph_mode == "capture":
+            with self.startup.phase("capture") as phase:
+                try:
+                    graphs = DecodeGraphs(model, storage, block_size, max_num_seqs, self.max_model_len,
+                                          progress=progress, agree=comm.first_error)
+                    phase.detail = f"{len(graphs.graphs)} decode graphs, batch {','.join(map(str, graphs.buckets))}"
+                    self.runner.graphs = graphs
+                except GraphCaptureError as e:
+                    blocker = str(e)
+                    phase.detail = "failed: decode runs eagerly"
+                    torch.cuda.synchronize(model.device_)
+        if blocker is not None:
+            log.info("%s: decode steps run eagerly, without CUDA graphs: %s", model.spec.model_type, blocker)
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)

@@ -25,8 +25,14 @@ which raised (a host synchronisation, a pageable copy) is abandoned, and decode 
 MLA, paged GQA, the per-token kernels) capture.
 
 `DecodeGraphs(capture=False)` runs the same padded static step eagerly instead (on the CPU, where
-there are no graphs): the tests use it to check the padding and the fixed buffers against the
-ordinary step.
+there are no graphs; DAYZERO_STATIC_DECODE): the tests use it to check the padding and the fixed
+buffers against the ordinary step.
+
+In a tensor / expert-parallel job every rank captures the same buckets in the same order (the
+collectives inside the forward are captured with them) and replays the bucket of each step rank 0
+runs as a graph (`StepMessage.graph`). `agree` (dayzero.parallel.comm.first_error) makes a capture
+that fails on one rank fail on all, after each bucket, so that no rank warms up the next bucket's
+collectives alone.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ def graph_buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, storage: PagedKVStorage, block_size: int, max_num_seqs: int, max_model_len: int,
-                 capture: bool = True, progress: bool = False):
+                 capture: bool = True, progress: bool = False, agree=None):
         if storage.scratch_pages is None:
             raise ValueError("DecodeGraphs needs a storage made with scratch=True (a page for the padding sequences)")
         self.model, self.storage = model, storage
@@ -71,6 +77,7 @@ class DecodeGraphs:
         self.static = StaticStep(storage.layout, block_size, max_num_seqs, max_model_len,
                                  storage.scratch_pages, storage.scratch_slot, model.device_)
         self.capture = capture
+        self.agree = agree if agree is not None else (lambda error: error)  # every rank's outcome of a bucket
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.capture_seconds = 0.0
@@ -132,17 +139,21 @@ class DecodeGraphs:
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             stream = torch.cuda.current_stream(device)
+            error, cause = None, None
             try:
                 with REGISTRY.record_calls(by_backend=True) as calls, torch.cuda.graph(graph, pool=pool):
                     out = self._forward(meta)
             except Exception as e:  # an op that cannot run under capture: a host sync, a pageable copy
                 torch.cuda.set_stream(stream)  # a failed capture_end leaves the capture stream current
-                raise GraphCaptureError(f"capturing batch {b} failed: {type(e).__name__}: "
-                                        f"{str(e).splitlines()[0]}") from e
-            host = sorted(op for op in HOST_LENGTH_OPS if f"{op}@{REFERENCE}" in calls)
-            if host:
-                raise GraphCaptureError(f"{', '.join(host)} ran the reference op, which loops over the sequences' "
-                                        "host lengths (no kernel takes these inputs: dtype or shapes)")
+                error, cause = f"capturing batch {b} failed: {type(e).__name__}: {str(e).splitlines()[0]}", e
+            else:
+                host = sorted(op for op in HOST_LENGTH_OPS if f"{op}@{REFERENCE}" in calls)
+                if host:
+                    error = (f"{', '.join(host)} ran the reference op, which loops over the sequences' host lengths "
+                             "(no kernel takes these inputs: dtype or shapes)")
+            error = self.agree(error)
+            if error is not None:
+                raise GraphCaptureError(error) from cause
             self.graphs[b], self.outputs[b] = graph, out
         torch.cuda.synchronize(device)
         self.capture_seconds = time.perf_counter() - start

@@ -16,6 +16,7 @@ import torch
 
 from dayzero.engine import tp_workers
 from dayzero.parallel.launch import launch_of
+from dayzero.parallel.state import check_expert_dispatch, set_expert_dispatch
 from dayzero.engine.engine import Engine, eos_token_ids, load_tokenizer
 from dayzero.engine.sampling import SamplingParams, TokenLogprobs
 from dayzero.engine.workspace import attach_expert_workspace
@@ -68,7 +69,7 @@ class LLM:
                  fp8_workspace_gib: float | None = None, seed: int = 0, progress: bool = False,
                  cuda_graphs: bool = True, enforce_eager: bool = False, load_threads: int | None = None,
                  async_scheduling: bool | None = None, tensor_parallel_size: int = 1,
-                 expert_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0,
+                 expert_parallel_size: int = 1, expert_dispatch: str = "all_reduce", nnodes: int = 1, node_rank: int = 0,
                  dist_init_addr: str | None = None):
         """KV pool size, first that applies: num_kv_blocks; kv_cache_gib; mem_fraction (of the device's
         memory, or of RAM on CPU, minus the weights and a reserve); else every sequence at full length.
@@ -87,7 +88,9 @@ class LLM:
         tensor_parallel_size (vLLM's name), expert_parallel_size: the model split over tp x ep processes, one
         per device (CUDA devices 0 .. n - 1, or the CPU with gloo), this one rank 0: attention and dense
         layers over tp, the routed experts over ep (dayzero.parallel.state, dayzero.engine.tp_workers);
-        `close()` ends them. nnodes, node_rank, dist_init_addr (SGLang's names): the job over several nodes
+        `close()` ends them. expert_dispatch: with ep > 1, "all_reduce" (every rank runs its experts on every
+        token, the outputs summed) or "all_to_all" (each token's pairs sent to their experts' ranks and back):
+        dayzero/parallel/dispatch.py. nnodes, node_rank, dist_init_addr (SGLang's names): the job over several nodes
         (dayzero.parallel.launch); under torchrun its environment says which rank this process is. A
         process that is not rank 0 runs its worker ranks here until rank 0 ends the job, then exits
         (SystemExit), so one script serves every node.
@@ -112,6 +115,7 @@ class LLM:
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a whole number >= 1, got {n!r}")
         tp, ep = tensor_parallel_size, expert_parallel_size
+        check_expert_dispatch(expert_dispatch)
         launch = launch_of(nnodes, node_rank, dist_init_addr)
         if tp * ep > 1 or launch.nnodes > 1 or (launch.torchrun and launch.torchrun_world > 1):
             from dayzero.models import model_class
@@ -125,7 +129,8 @@ class LLM:
             with timer.phase("ranks", detail=f"tp {tp} x ep {ep} processes"):
                 self.workers = tp_workers.start(tp, ep, device, tp_workers.WorkerArgs(
                     str(self.path), DTYPES[dtype], kv_cache_dtype, fp8_workspace_gib, max_num_batched_tokens,
-                    load_threads), launch)
+                    load_threads, expert_dispatch), launch)
+                set_expert_dispatch(expert_dispatch)
             atexit.register(self.workers.close)
         try:
             self.model = load_model(self.path, device=device, dtype=DTYPES[dtype], progress=progress,

@@ -79,13 +79,16 @@ class PagedRunner:
                 done = s.num_computed_tokens + s.num_new_tokens
                 if done % self.kv.block_size == 0:
                     snapshots += self._snapshot(s, done)
-        patch = self._pending_inputs(order, steps, pending)
-        message = StepMessage(restores, steps, snapshots)
+        inputs = self._pending_inputs(order, steps, pending)
+        graph = self.graphs is not None and self.graphs.takes(steps)
+        message = StepMessage(restores, steps, snapshots, graph,
+                              None if inputs is None else (*inputs, len(pending[0])))
+        patch = None if inputs is None else pending_patch(*inputs, pending[1], self.device)
         if self.peers is None:
             logits = self._run(message, patch)
         else:  # the other tensor-parallel ranks run the same step on their shares
             try:
-                self.peers.send(message)
+                self.peers.send(message, None if inputs is None else pending[1])
                 logits = self._run(message, patch)
             except Exception as exc:  # the job is broken: its ranks are out of step
                 raise self.peers.failed_step(exc) from exc
@@ -94,15 +97,13 @@ class PagedRunner:
         return [s.request.request_id for s in order if s.samples], logits if logits.shape[0] else None
 
     def _run(self, message: StepMessage, patch) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.takes(message.steps):
-            self.num_graph_steps += 1
-            return run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch,
-                            forward=lambda: self.graphs.run(message.steps, patch))
-        return run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch)
+        self.num_graph_steps += message.graph
+        return run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch, self.graphs)
 
-    def _pending_inputs(self, order: list[ScheduledRequest], steps: list[SeqStep], pending):
-        """None, or a function writing the PENDING input tokens of `steps` (each the last token of a
-        decode row) into a step's device input ids from the previous step's sampled ids."""
+    def _pending_inputs(self, order: list[ScheduledRequest], steps: list[SeqStep], pending
+                        ) -> tuple[list[int], list[int]] | None:
+        """None, or (rows, src): the PENDING input tokens of `steps` (each the last token of a decode row):
+        row rows[i] of the step's input ids takes the previous step's sampled id src[i]."""
         rows, src, row = [], [], 0
         where = None
         for o, s in zip(order, steps):
@@ -114,15 +115,7 @@ class PagedRunner:
                 rows.append(row + s.num_new - 1)
                 src.append(where[o.request.request_id])
             row += s.num_new
-        if not rows:
-            return None
-        index = torch.tensor([rows, src], dtype=torch.long, pin_memory=self.device.type == "cuda")
-        index = index.to(self.device, non_blocking=True)
-        tokens = pending[1]
-
-        def patch(input_ids: torch.Tensor) -> None:
-            input_ids[index[0]] = tokens[index[1]]
-        return patch
+        return (rows, src) if rows else None
 
     @property
     def num_requests(self) -> int:
@@ -159,17 +152,33 @@ class StepMessage:
     restores: list[tuple[int, int]]  # state copies (src, dst) before the forward
     steps: list[SeqStep]
     snapshots: list[tuple[int, int]]  # state copies (src, dst) after it
+    graph: bool = False  # runs as the decode graphs' padded static step (a replay where captured)
+    # async scheduling: (rows, src, n): input row rows[i] takes sampled id src[i] of the previous step's n,
+    # which are still on the device (the other ranks receive them from rank 0: comm.broadcast)
+    pending: tuple[list[int], list[int], int] | None = None
+
+
+def pending_patch(rows: list[int], src: list[int], tokens: torch.Tensor, device: torch.device):
+    """A function writing `tokens[src]` (ids still on the device) into rows `rows` of a step's input ids."""
+    index = torch.tensor([rows, src], dtype=torch.long, pin_memory=device.type == "cuda")
+    index = index.to(device, non_blocking=True)
+
+    def patch(input_ids: torch.Tensor) -> None:
+        input_ids[index[0]] = tokens[index[1]]
+    return patch
 
 
 def run_step(model: CausalLM, storage: PagedKVStorage, block_size: int, host_tables, message: StepMessage,
-             patch=None, forward=None) -> torch.Tensor:
+             patch=None, graphs=None) -> torch.Tensor:
     """The step on this rank: restore states, one packed forward (the logits of the sampled rows), save
-    snapshots. patch: writes pending input ids into the step's device ids (async scheduling); forward:
-    what runs instead of the eager forward (a graph replay)."""
+    snapshots. patch: writes pending input ids into the step's device ids (async scheduling); graphs: the
+    DecodeGraphs a `message.graph` step runs through (a replay) instead of the eager forward."""
     for src, dst in message.restores:
         storage.copy_state(src, dst)
-    if forward is not None:
-        logits = forward()
+    if message.graph:
+        if graphs is None:
+            raise RuntimeError("the step runs as a decode graph but this rank has none (its capture failed?)")
+        logits = graphs.run(message.steps, patch)
     else:
         meta = build_step(message.steps, storage.layout, block_size, model.device_, host_tables)
         if patch is not None:

@@ -2,13 +2,17 @@
 its share of the model (dayzero/models/sharded.py) and of the KV cache, running every step rank 0 runs.
 
 Rank 0 is the engine's process: it schedules, builds each step's host description (`StepMessage`: state
-copies, the sequences' tokens, positions and block tables) and broadcasts it; every rank then runs the same
-packed forward (`runner.run_step`) on its shares, the collectives inside the forward keeping them in
-step, and rank 0 samples from the gathered logits. A worker's life, in the order rank 0 does the same:
+copies, the sequences' tokens, positions and block tables, whether it replays a decode graph) and
+broadcasts it; every rank then runs the same packed forward (`runner.run_step`) on its shares, the
+collectives inside the forward keeping them in step, and rank 0 samples from the gathered logits. With
+async scheduling a decode's input id may still be on rank 0's device: rank 0 then broadcasts the last
+step's sampled ids on the device (`comm.broadcast`, after the message), which every rank patches into its
+input ids. A worker's life, in the order rank 0 does the same:
 
     join the job (dayzero.parallel.init_process)      the run's WorkerArgs from rank 0
     load its shard       attach the expert workspace   the cache layout's probe forward (collectives
-    with rank 0's)       the pool's sizes from rank 0  then each step's message until rank 0 sends None
+    with rank 0's)       the pool's sizes from rank 0  capture the decode graphs (every rank the same
+    buckets, each bucket agreed on by all)             then each step's message until rank 0 sends None
 
 Launch (dayzero.parallel.launch): on one node rank 0 spawns the others; on several nodes node k > 0's
 command spawns its ranks (`supervise`); under torchrun every process is started for us (`run_worker`).
@@ -40,6 +44,7 @@ import torch.multiprocessing as mp
 
 from dayzero.parallel import comm, init_process, shutdown
 from dayzero.parallel.launch import Launch
+from dayzero.parallel.state import set_expert_dispatch
 
 log = logging.getLogger(__name__)
 FAILURE_WAIT_S = 5.0  # how long a failed step waits for the monitor to name the rank that failed
@@ -58,6 +63,8 @@ class PoolConfig:
     block_size: int
     max_num_seqs: int
     num_snapshots: int
+    max_model_len: int = 0
+    graphs: str | None = None  # decode graphs: "capture" (CUDA), "static" (the padded step, eagerly) or None
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class WorkerArgs:
     fp8_workspace_gib: float | None
     max_num_batched_tokens: int
     load_threads: int | None
+    expert_dispatch: str = "all_reduce"
 
 
 class Workers:
@@ -96,8 +104,11 @@ class Workers:
     def configure(self, pool: PoolConfig) -> None:
         self._broadcast(pool)
 
-    def send(self, message) -> None:
+    def send(self, message, pending: torch.Tensor | None = None) -> None:
+        """The step's message, then (async scheduling) the last step's sampled ids still on the device."""
         self._broadcast(message)
+        if pending is not None:
+            comm.broadcast(pending)
 
     def _broadcast(self, obj) -> None:
         self.check()
@@ -295,7 +306,8 @@ def run_worker(rank: int, tp: int, ep: int, init: str, device: str, error_conn=N
     """A worker rank's whole life (the target of the spawned processes, and torchrun's ranks > 0)."""
     from dayzero.cache.paged import PagedKVStorage, checked_layout
     from dayzero.cache.step import HostTables
-    from dayzero.engine.runner import run_step
+    from dayzero.engine.graphs import DecodeGraphs, GraphCaptureError
+    from dayzero.engine.runner import pending_patch, run_step
     from dayzero.engine.workspace import attach_expert_workspace
     from dayzero.models import load_model
 
@@ -308,6 +320,7 @@ def run_worker(rank: int, tp: int, ep: int, init: str, device: str, error_conn=N
         args: WorkerArgs = comm.broadcast_objects(None)[0]
         if args is None:  # rank 0 gave up before the load
             return
+        set_expert_dispatch(args.expert_dispatch)
         model = load_model(Path(args.path), device=device, dtype=args.dtype, progress=False, threads=args.load_threads)
         attach_expert_workspace(model, args.fp8_workspace_gib, args.max_num_batched_tokens)
         layout = checked_layout(model, args.kv_cache_dtype)
@@ -315,9 +328,21 @@ def run_worker(rank: int, tp: int, ep: int, init: str, device: str, error_conn=N
         storage = PagedKVStorage(layout, pool.blocks, pool.block_size, pool.max_num_seqs, pool.num_snapshots,
                                  model.device_, scratch=True)
         tables = defaultdict(HostTables)
+        graphs = None
+        if pool.graphs is not None:
+            try:  # in step with rank 0's capture: the same buckets, each agreed on (comm.first_error)
+                graphs = DecodeGraphs(model, storage, pool.block_size, pool.max_num_seqs, pool.max_model_len,
+                                      capture=pool.graphs == "capture", agree=comm.first_error)
+            except GraphCaptureError:  # on every rank alike: rank 0 logs why, steps run eagerly
+                graphs = None
         with torch.no_grad():
             while (message := comm.broadcast_objects(None)[0]) is not None:
-                run_step(model, storage, pool.block_size, tables, message)
+                patch = None
+                if message.pending is not None:
+                    rows, src, n = message.pending
+                    tokens = comm.broadcast(torch.empty(n, dtype=torch.long, device=model.device_))
+                    patch = pending_patch(rows, src, tokens, model.device_)
+                run_step(model, storage, pool.block_size, tables, message, patch, graphs)
     except BaseException as exc:
         text = f"{type(exc).__name__}: {exc}"
         log.error("rank %d failed: %s\n%s", rank, text, traceback.format_exc())

@@ -260,9 +260,7 @@ class MoE(nn.Module):
         ids, weights = ops.route_sigmoid_grouped(logits, self.gate.e_score_correction_bias, r.top_k, r.n_group,
                                                  r.topk_group, r.normalize, r.scaling_factor)
         expert_op = ops.moe_experts_fp8 if self.experts.fmt == "fp8" else ops.moe_experts_bf16
-        shard = self.experts.shard
-        ids, weights = shard.route(ids, weights)
-        y = shard.combine(expert_op(x, ids, weights, self.experts.weights(), Activation("swiglu")))
+        y = self.experts.shard.run(expert_op, x, ids, weights, self.experts.weights(), Activation("swiglu"))
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y.view(shape)

@@ -425,8 +425,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         flat = x.flatten(0, 1)
         ids, weights = self.gate(flat, token_ids.flatten(), self.scaling)
-        ids, weights = self.experts.shard.route(ids, weights)
-        routed = self.experts.shard.combine(self.experts_op(flat, ids, weights, self.experts.experts(), self.activation))
+        routed = self.experts.shard.run(self.experts_op, flat, ids, weights, self.experts.experts(), self.activation)
         s = self.shared_experts
         shared = s.w2(ops.swiglu(s.w1(flat), s.w3(flat), limit=self.activation.limit))
         return (routed + shared).view_as(x)

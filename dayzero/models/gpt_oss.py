@@ -96,8 +96,7 @@ class GptOssExperts(nn.Module):
         experts = ExpertWeights(self.fmt, self.w13, self.w2, self.w13_scale, self.w2_scale, self.b13, self.b2,
                                 self.fp8_workspace)
         op = ops.moe_experts_mxfp4 if self.fmt == "mxfp4" else ops.moe_experts_bf16
-        ids, weights = self.shard.route(ids, weights)
-        return self.shard.combine(op(x, ids, weights, experts, self.activation))
+        return self.shard.run(op, x, ids, weights, experts, self.activation)
 
 
 class GptOssMLP(nn.Module):

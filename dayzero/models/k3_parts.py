@@ -191,8 +191,7 @@ class CompressedTensorsMxfp4Experts(nn.Module):
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 activation: Activation) -> torch.Tensor:
         """x [T, K], topk_ids / topk_weights [T, k] (the model's expert ids) -> sum_k w * expert(x) [T, K]."""
-        ids, weights = self.shard.route(topk_ids, topk_weights)
-        return self.shard.combine(ops.moe_experts_mxfp4(x, ids, weights, self.experts(), activation))
+        return self.shard.run(ops.moe_experts_mxfp4, x, topk_ids, topk_weights, self.experts(), activation)
 
 
 def _packed_target(blocks: torch.Tensor) -> WeightTarget:

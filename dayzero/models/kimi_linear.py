@@ -349,9 +349,7 @@ class Experts(nn.Module):
         return targets
 
     def forward(self, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, activation: Activation) -> torch.Tensor:
-        ids, weights = self.shard.route(ids, weights)
-        return self.shard.combine(ops.moe_experts_bf16(x, ids, weights, ExpertWeights("bf16", self.w13, self.w2),
-                                                       activation))
+        return self.shard.run(ops.moe_experts_bf16, x, ids, weights, ExpertWeights("bf16", self.w13, self.w2), activation)
 
 
 class MoE(nn.Module):

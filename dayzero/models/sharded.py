@@ -11,9 +11,8 @@ the plain module of dayzero/models/layers.py, with the same checkpoint names.
     VocabEmbedding   vocabulary rows split: each rank looks up the ids in its range, zeros elsewhere, and
                      the rows are summed over ranks
     ExpertShard      the routed experts [start, stop) an expert-parallel rank holds (dim 0 of every stacked
-                     expert tensor): routing to them (a slot routed elsewhere goes to local expert 0 with
-                     weight 0) and the combine, a sum over the ranks holding the others (every rank has
-                     every token; an all-to-all dispatch would send each token only where its experts are)
+                     expert tensor) and `run`, which gets every token its routed output over the ranks
+                     holding the others (dayzero/parallel/dispatch.py: all-reduce or all-to-all)
 
 FP8 block-scaled weights split on whole scale blocks: a rank's share of the split dimension must be a
 multiple of the block (else the error names the projection and the sizes).
@@ -27,6 +26,7 @@ from dayzero import ops
 from dayzero.models.base import WeightTarget, collect_weight_targets
 from dayzero.models.layers import Embedding, Linear
 from dayzero.parallel import comm
+from dayzero.parallel.dispatch import run_experts
 from dayzero.parallel.state import Parallel, current
 from dayzero.weights import FLOAT_DTYPES, TensorSpec
 
@@ -162,15 +162,10 @@ class ExpertShard:
         shard = None if self.parallel.ep_size == 1 else (0, self.start, self.stop)
         return WeightTarget(TensorSpec(tuple(full_shape), dtype), assign, shard=shard)
 
-    def route(self, ids: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Global top-k ids / weights [T, k] -> this rank's local ids and weights (0 for other ranks' experts)."""
-        if self.parallel.ep_size == 1:
-            return ids, weights
-        mine = (ids >= self.start) & (ids < self.stop)
-        return torch.where(mine, ids - self.start, 0), torch.where(mine, weights, 0)
-
-    def combine(self, y: torch.Tensor) -> torch.Tensor:
-        return comm.all_reduce_experts(y)
+    def run(self, op, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, *args) -> torch.Tensor:
+        """x [T, H], the model's top-k ids / weights [T, k] -> sum_k weights * expert(x) [T, H], every token's,
+        the experts' op `op(x, local ids, weights, *args)` running over this rank's experts."""
+        return run_experts(self.parallel, self.start, self.num_local, op, x, ids, weights, *args)
 
 
 def other_ranks_experts(num: int, parallel: Parallel | None = None, where: str = r"\.experts\.") -> tuple[str, ...]:

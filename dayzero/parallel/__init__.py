@@ -6,6 +6,7 @@ the CPU, no transport of our own.
     comm.py    the collectives the model files call (all-reduce, all-gather over the tensor-parallel
                group; the experts' all-reduce; broadcast of a step's host objects from rank 0), no-ops
                where a group is one process
+    dispatch.py  how the routed experts' tokens cross the expert-parallel ranks: all-reduce or all-to-all
     spec.py    a rank's share of a ModelSpec (its attention heads), from which its cache is planned
 
 The sharded modules (column / row parallel projections, vocabulary-parallel embedding and lm_head) are

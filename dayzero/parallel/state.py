@@ -20,6 +20,7 @@ how the communication's own cost is measured on one device.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +39,14 @@ class Parallel:
     ep_group: Any = None  # the ranks that hold the other shares of the experts with it
     host_group: Any = None  # gloo, the whole job: rank 0's host messages (None: not in a job)
     backend: str = ""  # "nccl" | "gloo" | "" (not in a job)
+    expert_dispatch: str = "all_reduce"  # how tokens reach the routed experts over ep (parallel/dispatch.py)
 
     def __post_init__(self):
         if self.tp_size < 1 or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"tensor-parallel rank {self.tp_rank} is not in a group of size {self.tp_size}")
         if self.ep_size < 1 or not 0 <= self.ep_rank < self.ep_size:
             raise ValueError(f"expert-parallel rank {self.ep_rank} is not in a group of size {self.ep_size}")
+        check_expert_dispatch(self.expert_dispatch)
 
     @property
     def world_size(self) -> int:
@@ -61,6 +64,15 @@ class Parallel:
     def split_experts(self, n: int) -> tuple[int, int]:
         """[start, stop) of the routed experts this rank holds."""
         return _share(n, self.ep_size, self.ep_rank, "n_routed_experts", "expert", "--ep")
+
+
+EXPERT_DISPATCH = ("all_reduce", "all_to_all")
+
+
+def check_expert_dispatch(mode: str) -> str:
+    if mode not in EXPERT_DISPATCH:
+        raise ValueError(f"expert_dispatch (--expert-dispatch) must be one of {', '.join(EXPERT_DISPATCH)}, got {mode!r}")
+    return mode
 
 
 def _share(n: int, size: int, rank: int, what: str, kind: str, flag: str) -> tuple[int, int]:
@@ -105,6 +117,14 @@ def init_process(tp_size: int, ep_size: int, rank: int, init_method: str, device
             ep_group = g if rank % tp_size == t else ep_group
     host_group = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     _current = Parallel(tp_size, rank % tp_size, ep_size, rank // tp_size, tp_group, ep_group, host_group, backend)
+    return _current
+
+
+def set_expert_dispatch(mode: str) -> Parallel:
+    """How this process's routed experts exchange tokens (every rank of a job sets the same, before its
+    model is built): "all_reduce" or "all_to_all" (dayzero/parallel/dispatch.py)."""
+    global _current
+    _current = dataclasses.replace(_current, expert_dispatch=check_expert_dispatch(mode))
     return _current
 
 

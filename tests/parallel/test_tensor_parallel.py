@@ -99,15 +99,20 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case,tp,ep", [("gpt_oss", 1, 2), ("gpt_oss", 2, 2), ("deepseek_v3-fp8", 2, 2),
-                                        ("deepseek_v32-bf16", 2, 1), ("kimi_linear", 2, 2), ("deepseek_v4", 2, 2)])
-# every family at tp 2 x ep 2 (4 processes) or tp 2, and ep alone once: the suite's time on 2 cores
-def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, case, tp, ep):
+@pytest.mark.parametrize("case,tp,ep,dispatch", [
+    ("gpt_oss", 1, 2, "all_to_all"), ("gpt_oss", 2, 2, "all_reduce"), ("deepseek_v3-fp8", 2, 2, "all_to_all"),
+    ("deepseek_v32-bf16", 2, 1, "all_reduce"),
+    ("kimi_linear", 2, 2, "all_reduce"), ("deepseek_v4", 2, 2, "all_reduce")])
+# every family at tp 2 x ep 2 (4 processes) or tp 2, ep alone once, each dispatch (the experts' all-reduce
+# is one code path for every family): the suite's time on 2 cores (tests/parallel/test_k3_parallel.py: K3)
+def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_path, case, tp, ep, dispatch):
     """The LLM API (vLLM's tensor_parallel_size=, expert_parallel_size=): rank 0 schedules and samples, the
     workers run every step on their shares; prompts past the window / index_topk in one batch, chunked
-    prefill, then a second turn that reuses the cached prefix."""
+    prefill, then a second turn that reuses the cached prefix. The experts' tokens cross the ranks by
+    all-reduce or all-to-all (dayzero/parallel/dispatch.py)."""
     from dayzero.engine.llm import LLM
     from dayzero.engine.sampling import SamplingParams
+    from dayzero.parallel import current
 
     path = CASES[case](tmp_path)
     g = torch.Generator().manual_seed(5)
@@ -124,9 +129,10 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
 
     one = LLM(path, **kwargs)
     want_tokens, want_logprobs, _ = run(one)
-    split = LLM(path, tensor_parallel_size=tp, expert_parallel_size=ep, **kwargs)
+    split = LLM(path, tensor_parallel_size=tp, expert_parallel_size=ep, expert_dispatch=dispatch, **kwargs)
     try:
         tokens, logprobs, hits = run(split)
+        assert current().expert_dispatch == dispatch
         assert split.workers is not None and split.workers.size == tp * ep
         layer = split.model.layers[-1] if case == "deepseek_v4" else split.model.model.layers[-1]
         moe = getattr(layer, "block_sparse_moe", None) or getattr(layer, "ffn", None) or layer.mlp
@@ -140,6 +146,38 @@ def test_llm_split_over_processes_gives_one_processs_tokens_and_logprobs(tmp_pat
         assert torch.allclose(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("case,tp,ep", [("gpt_oss", 2, 2), ("deepseek_v4", 2, 1)])
+def test_split_decode_graphs_and_async_scheduling_give_one_processs_outputs(tmp_path, case, tp, ep):
+    """Every rank runs the decode graphs' padded static step (eagerly here: DAYZERO_STATIC_DECODE; on CUDA
+    the captured graphs) for the steps rank 0 replays, 3 sequences padded to the bucket of 4, and takes the
+    input ids still on rank 0's device (async scheduling) from its broadcast: one process's tokens and
+    logprobs, synchronous and eager. A rank that ran the step unpadded, or with other ids, would not match
+    rank 0's collectives or its logits."""
+    from dayzero import settings
+    from dayzero.engine.llm import LLM
+    from dayzero.engine.sampling import SamplingParams
+
+    path = CASES[case](tmp_path)
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (4, 11, 19)]
+    params = SamplingParams(max_tokens=6, temperature=0.0, logprobs=1)
+    kwargs = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=4)
+    want = [o.outputs[0] for o in LLM(path, **kwargs).generate(prompts, params)]
+    with settings.override(static_decode=True):
+        split = LLM(path, tensor_parallel_size=tp, expert_parallel_size=ep, async_scheduling=True, **kwargs)
+    try:
+        got = [o.outputs[0] for o in split.generate(prompts, params)]
+        assert split.runner.num_graph_steps >= 4 and split.runner.graphs.num_replays == 0  # static, uncaptured
+        # V4's compressor states are snapshotted for prefix reuse: its steps stay synchronous
+        assert (split.engine.num_overlapped_steps > 0) == (case != "deepseek_v4")
+    finally:
+        split.close()
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    for o, w in zip(got, want):
+        assert torch.allclose(torch.tensor([lp.logprob for lp in o.logprobs]),
+                              torch.tensor([lp.logprob for lp in w.logprobs]), rtol=1e-5, atol=1e-5)
+
+
 def test_a_bad_parallel_request_is_refused_before_any_process_starts(tmp_path):
     from dayzero.engine.llm import LLM
     from dayzero.models.base import CausalLM
@@ -147,6 +185,9 @@ def test_a_bad_parallel_request_is_refused_before_any_process_starts(tmp_path):
 
     with pytest.raises(ValueError, match="expert_parallel_size must be a whole number >= 1, got 0"):
         LLM(expert_parallel_size=0)
+    with pytest.raises(ValueError, match=r"expert_dispatch \(--expert-dispatch\) must be one of all_reduce, "
+                                         "all_to_all, got 'alltoall'"):
+        LLM(expert_parallel_size=2, expert_dispatch="alltoall")
     assert not mp.active_children()
 
     class Unsplit(CausalLM):  # a family whose modules have no split yet
