@@ -199,9 +199,12 @@ def test_a_bad_parallel_request_is_refused_before_any_process_starts(tmp_path):
     KimiLinearForCausalLM.check_parallel("kimi_k3", 2, 2)  # K3 splits both ways (tests/parallel/test_k3_parallel.py)
 
 
-def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path):
+@pytest.mark.parametrize("case,tp,ep", [("gpt_oss", 2, 2), ("deepseek_v3-fp8", 2, 1), ("deepseek_v32-bf16", 2, 1),
+                                        ("kimi_linear", 2, 1), ("deepseek_v4", 2, 1)])
+def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path, case, tp, ep):
     """`dayzero serve --tp 2 --ep 2`'s engine behind the HTTP API (SGLang's /generate and the OpenAI
-    completions route, token ids in): the outputs of one process's offline LLM; the flags map to the LLM."""
+    completions route, token ids in), every family: the outputs of one process's offline LLM; the flags map
+    to the LLM. (Every family at tp 2 x ep 2 through the LLM API: above; 2 processes here for CI's time.)"""
     import argparse
 
     import httpx
@@ -217,11 +220,11 @@ def test_server_on_a_split_model_gives_the_offline_outputs(tmp_path):
     flags.seed = 0
     kwargs = llm_kwargs(flags)
     assert (kwargs["tensor_parallel_size"], kwargs["expert_parallel_size"]) == (2, 2)
-    path = build_gpt_oss_checkpoint(tmp_path, seed=6, num_attention_heads=4, num_key_value_heads=2)
+    path = CASES[case](tmp_path)
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 23)]
     want = [o.outputs[0].token_ids for o in LLM(path).generate(prompts, SamplingParams(max_tokens=6, temperature=0.0))]
-    running = start_server(dict(model=path, tensor_parallel_size=2, expert_parallel_size=2))
+    running = start_server(dict(model=path, tensor_parallel_size=tp, expert_parallel_size=ep))
     try:
         sp = {"max_new_tokens": 6, "temperature": 0}
         for p, w in zip(prompts, want):
