@@ -76,6 +76,7 @@ def _gqa_params(a: AttentionSpec, hidden: int) -> dict[str, int]:
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     lin = hidden * (q + 2 * kv) + q * hidden
     small = (q + 2 * kv + hidden if a.bias else 0) + (a.num_heads if a.sinks else 0)
+    small += (q + 2 * kv if a.qkv_bias else 0) + (2 * a.head_dim if a.qk_norm else 0)
     return {"attention": lin, "small": small}
 
 

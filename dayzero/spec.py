@@ -14,6 +14,8 @@ Attention kinds (`AttentionSpec.kind`):
   hca  DeepSeek-V4 heavily compressed attention: window + every compressed entry
   gqa  full grouped-query attention (gpt-oss odd layers)
   kda  Kimi delta attention, a linear-attention layer with a fixed-size recurrent state
+GQA options: partial rotary (`qk_rope_head_dim` < head_dim: only the first dims rotate), per-head
+`qk_norm` (GLM-4.x, Qwen3.5), biases on q, k, v only (`qkv_bias`, GLM-4.x).
 MLP kinds: dense | moe | hash_moe (DeepSeek-V4's first layers route by token id).
 
 Layer-type lists follow transformers' config classes exactly (DeepSeek-V4 `layer_types` /
@@ -51,6 +53,7 @@ SUPPORTED_MODEL_TYPES = (
     "kimi_linear",
     "kimi_k25",
     "kimi_k3",
+    "glm4_moe",
 )
 
 # -- defaults: what a field missing from config.json means -----------------------------------
@@ -106,6 +109,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         linear_head_dim=128, linear_num_heads=32, linear_conv_kernel_dim=4, first_k_dense_replace=1,
         mla_use_nope=True, moe_router_activation_func="sigmoid", moe_layer_freq=1,
     ),
+    "glm4_moe": dict(
+        vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46, num_attention_heads=96,
+        num_key_value_heads=8, hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408, num_experts_per_tok=8,
+        n_shared_experts=1, n_routed_experts=128, routed_scaling_factor=1.0, n_group=1, topk_group=1,
+        first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=False, num_nextn_predict_layers=1,
+        # the rope fields: rope_parameters first, then top-level rope_theta / partial_rotary_factor (as
+        # released), else Glm4MoeConfig's 10000 and 0.5 (GLM4_PARTIAL_ROTARY)
+    ),
 }
 DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
 # `rope_scaling` is the Hub's older name of `rope_parameters`.
@@ -120,10 +132,13 @@ ALIASES: dict[str, dict[str, str]] = {  # family -> {other accepted name: name i
     "kimi_linear": {"max_position_embeddings": "model_max_length", "norm_topk_prob": "moe_renormalize",
                     "n_group": "num_expert_group", "num_local_experts": "num_experts",
                     "num_experts_per_tok": "num_experts_per_token", "n_shared_experts": "num_shared_experts"},
+    "glm4_moe": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers",
+                 "rope_scaling": "rope_parameters"},
 }
 ALIASES["kimi_k2"] = ALIASES["deepseek_v3"]
 GPT_OSS_ROPE_THETA = 150000.0  # GptOssConfig.default_theta
 DEEPSEEK_ROPE_THETA = 10000.0  # DeepseekV3Config / DeepseekV32Config / DeepseekV4Config default_theta
+GLM4_ROPE_THETA, GLM4_PARTIAL_ROTARY = 10000.0, 0.5  # Glm4MoeConfig's defaults
 WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",)}  # first: the default
 
 
@@ -172,6 +187,7 @@ class AttentionSpec:
     compress_ratio: source tokens per compressed KV entry (csa 4, hca 128 in DeepSeek-V4).
     index_*: lightning indexer (dsa; csa runs it over compressed entries).
     output_gate: "sigmoid" (Kimi K3 gated MLA), "low_rank" / "full_rank" (KDA output gate).
+    qk_rope_head_dim on gqa: the rotated dims of each head (partial rotary), None when all rotate.
     """
 
     kind: str
@@ -196,6 +212,8 @@ class AttentionSpec:
     output_gate: str | None = None
     conv_kernel: int | None = None
     gate_lower_bound: float | None = None
+    qk_norm: bool = False  # RMSNorm over head_dim on each query and key head before RoPE
+    qkv_bias: bool = False  # biases on q, k, v only (`bias`: on every projection)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -470,6 +488,8 @@ def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) 
         spec = _load_deepseek_v4(cfg, quant, source)
     elif model_type == "gpt_oss":
         spec = _load_gpt_oss(cfg, quant, source)
+    elif model_type == "glm4_moe":
+        spec = _load_glm4_moe(cfg, quant, source)
     else:
         spec = _load_kimi_linear(cfg, quant, source)
     check_supported(spec, cfg)
@@ -821,6 +841,62 @@ def _load_gpt_oss(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
         vision=None,
         context=_context(cfg, default_max=131072, default_theta=GPT_OSS_ROPE_THETA),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        source=source,
+    )
+
+
+# -- GLM-4.5 / 4.6 / 4.7 ---------------------------------------------------------------------------
+
+
+def rope_fields(cfg: dict, default_theta: float, default_partial: float) -> tuple[dict, float, float]:
+    """(rope parameters, theta, partial rotary factor) as transformers reads them: `rope_parameters`
+    (or `rope_scaling`) first, then the top-level `rope_theta` / `partial_rotary_factor` that released
+    config.json files carry, then the config class's defaults."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = params.get("rope_theta", cfg.get("rope_theta", default_theta))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial))
+    return params, float(theta), float(partial)
+
+
+def _load_glm4_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
+    """GQA (partial rotary, optional QK norm, q/k/v biases) + DeepSeek-V3's MoE: dense first layers, then
+    sigmoid-scored group-limited routing with a correction bias and shared experts."""
+    n = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)  # a released config field Glm4MoeConfig keeps as is
+    _, theta, partial = rope_fields(cfg, GLM4_ROPE_THETA, GLM4_PARTIAL_ROTARY)
+    attention = AttentionSpec(kind="gqa", num_heads=heads, head_dim=head_dim,
+                              num_kv_heads=int(cfg["num_key_value_heads"] or heads), v_head_dim=head_dim,
+                              qk_rope_head_dim=int(head_dim * partial), qk_norm=bool(cfg["use_qk_norm"]),
+                              qkv_bias=bool(cfg["attention_bias"]))
+    first_dense = min(int(cfg["first_k_dense_replace"] or 0), n)
+    mlp_types = ["dense"] * first_dense + ["sparse"] * (n - first_dense)
+    activation = _activation(cfg, source)
+    experts = None
+    if first_dense < n:
+        top_k = int(cfg["num_experts_per_tok"])
+        routing = _routing_grouped(cfg, "sigmoid", top_k, group_names=("n_group",), correction_bias=True,
+                                   normalize_names=("norm_topk_prob",), default_scale=1.0)
+        inter, n_shared = int(cfg["moe_intermediate_size"]), int(cfg["n_shared_experts"] or 0)
+        experts = ExpertsSpec(num=int(cfg["n_routed_experts"]), top_k=top_k, intermediate_size=inter, input_dim=hidden,
+                              num_shared=n_shared, shared_intermediate_size=inter * n_shared, routing=routing,
+                              format=quant.expert_format)
+    layers = tuple(LayerSpec(i, attention, _mlp(t, activation, int(cfg["intermediate_size"]), experts), quant.dense_format)
+                   for i, t in enumerate(mlp_types))
+    return ModelSpec(
+        model_type="glm4_moe",
+        text_model_type="glm4_moe",
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        layers=layers,
+        experts=experts,
+        quant=quant,
+        cross_layer=CrossLayerSpec(),
+        vision=None,
+        context=replace(_context(cfg, default_max=131072), rope_theta=theta),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        mtp_layers=int(cfg["num_nextn_predict_layers"] or 0),
         source=source,
     )
 

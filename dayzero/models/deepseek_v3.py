@@ -57,7 +57,7 @@ LAYOUTS = (
 )
 
 
-class _Formats:
+class LinearFormats:
     """Which Linear modules are FP8 (checkpoint names, quantization_config.modules_to_not_convert)."""
 
     def __init__(self, spec: ModelSpec, config: dict):
@@ -69,7 +69,7 @@ class _Formats:
         return "bf16" if any(s and s in name for s in self.skip) else self.dense
 
 
-def _linear(fmts: _Formats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False,
+def _linear(fmts: LinearFormats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False,
             split: str | None = None) -> Linear:
     """split: "column" (output features over the tensor-parallel ranks), "row" (input features), or None
     (every rank holds it whole)."""
@@ -91,7 +91,7 @@ def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
 class Indexer(nn.Module):
     """DSA lightning indexer: checkpoint names `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`."""
 
-    def __init__(self, a: AttentionSpec, hidden: int, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, fmts: LinearFormats, prefix: str, dtype, device):
         super().__init__()
         q_rank = a.q_lora_rank
         self.heads, self.head_dim, self.rope_dim, self.topk = a.index_n_heads, a.index_head_dim, a.qk_rope_head_dim, a.index_topk
@@ -121,7 +121,7 @@ class Indexer(nn.Module):
 
 
 class MLAttention(nn.Module):
-    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: LinearFormats, prefix: str, dtype, device):
         super().__init__()
         dsa = a.kind == "dsa"
         heads = a.num_heads  # the model's; a tensor-parallel rank holds heads / tp of them (q, kv_b, o split)
@@ -191,7 +191,7 @@ def _softmax_mscale(config: dict) -> float:
 class MLP(nn.Module):
     """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)); the dense MLP and the shared experts."""
 
-    def __init__(self, fmts: _Formats, prefix: str, hidden: int, inter: int, dtype, device):
+    def __init__(self, fmts: LinearFormats, prefix: str, hidden: int, inter: int, dtype, device):
         """The intermediate features split over the tensor-parallel ranks (gate, up by rows, down by columns)."""
         super().__init__()
         self.gate_proj = _linear(fmts, prefix + "gate_proj", hidden, inter, dtype, device, split="column")
@@ -243,7 +243,7 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, spec: ModelSpec, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, spec: ModelSpec, fmts: LinearFormats, prefix: str, dtype, device):
         super().__init__()
         e = spec.experts
         self.routing = e.routing
@@ -269,7 +269,7 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, config: dict, fmts: _Formats, index: int, dtype, device):
+    def __init__(self, spec: ModelSpec, config: dict, fmts: LinearFormats, index: int, dtype, device):
         super().__init__()
         prefix = f"model.layers.{index}."
         eps = float(config["rms_norm_eps"])
@@ -297,7 +297,7 @@ class DeepseekV3ForCausalLM(CausalLM):
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
         config = self.config
-        fmts = _Formats(spec, config)
+        fmts = LinearFormats(spec, config)
         rope = config.get("rope_parameters") or config.get("rope_scaling")
         theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
         self.rope = rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])

@@ -98,8 +98,8 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
         if a.kind == "csa":
             ops += [V4_INDEX_TOPK, PAGED_V4_INDEX_TOPK]
         ops += [SPARSE_ATTENTION, PAGED_V4_ATTENTION]
-    elif a.kind in ("swa", "gqa"):
-        ops += [ROPE_KV_WRITE, GQA_ATTENTION]
+    elif a.kind in ("swa", "gqa"):  # partial rotary: q and k rotated first, then appended (no fused write)
+        ops += [ROPE_KV_WRITE, GQA_ATTENTION] if a.qk_rope_head_dim is None else [ROPE, GQA_ATTENTION]
     else:  # kda
         ops += [SHORT_CONV1D, SHORT_CONV1D_VARLEN, KDA_GATE, KDA_CHUNK_VARLEN, KDA_RECURRENT_SLOTS, GATED_RMS_NORM]
     return ops
