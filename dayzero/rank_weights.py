@@ -143,12 +143,16 @@ def _mxfp4_matrix(n: int, k: int) -> int:
 
 
 def _gqa(t: _Tally, a: AttentionSpec, hidden: int) -> None:
-    """gpt-oss: q / k / v by output rows, o_proj by columns (its bias whole), float32 sinks by head."""
+    """gpt-oss, GLM-4.x: q / k / v by output rows, o_proj by columns (its bias whole), float32 sinks by head;
+    GLM's q_norm / k_norm [head_dim] whole."""
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-        t.linear("attention", rows, hidden, split="column", bias=a.bias, name=name)
+        t.linear("attention", rows, hidden, split="column", bias=a.bias or a.qkv_bias, name=name)
     t.linear("attention", hidden, q, split="row", bias=a.bias, name="o_proj")
-    t.vector("attention", a.num_heads, F32, split="num_attention_heads")
+    if a.sinks:
+        t.vector("attention", a.num_heads, F32, split="num_attention_heads")
+    if a.qk_norm:
+        t.vector("attention", 2 * a.head_dim)
 
 
 def _mla(t: _Tally, a: AttentionSpec, hidden: int, dense: _Dense) -> None:
@@ -278,7 +282,10 @@ def _deepseek_v3(t: _Tally, spec: ModelSpec) -> None:
     dense = _Dense(spec.quant.dense_format, tuple(spec.quant.fp8_block or (128, 128)))
     hidden, e = spec.hidden_size, spec.experts
     for layer in spec.layers:
-        _mla(t, layer.attention, hidden, dense)
+        if layer.attention.kind == "gqa":  # GLM-4.x: DeepSeek-V3's MLPs beside grouped-query attention
+            _gqa(t, layer.attention, hidden)
+        else:
+            _mla(t, layer.attention, hidden, dense)
         if layer.mlp.kind == "dense":
             _swiglu(t, hidden, layer.mlp.intermediate_size, dense)
             continue
@@ -329,7 +336,7 @@ def _kimi_linear(t: _Tally, spec: ModelSpec) -> None:
 
 EXPERTS_FIELD = {"gpt_oss": "num_local_experts", "kimi_linear": "num_experts"}  # else n_routed_experts
 FAMILIES = {"gpt_oss": _gpt_oss, "deepseek_v3": _deepseek_v3, "kimi_k2": _deepseek_v3, "deepseek_v32": _deepseek_v3,
-            "deepseek_v4": _deepseek_v4, "kimi_linear": _kimi_linear}
+            "deepseek_v4": _deepseek_v4, "kimi_linear": _kimi_linear, "glm4_moe": _deepseek_v3}
 
 
 def rank_weights(spec: ModelSpec, p: Parallel, dtype: torch.dtype = torch.bfloat16) -> RankWeights:

@@ -115,8 +115,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408, num_experts_per_tok=8,
         n_shared_experts=1, n_routed_experts=128, routed_scaling_factor=1.0, n_group=1, topk_group=1,
         first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=False, num_nextn_predict_layers=1,
-        # the rope fields: rope_parameters first, then top-level rope_theta / partial_rotary_factor (as
-        # released), else Glm4MoeConfig's 10000 and 0.5 (GLM4_PARTIAL_ROTARY)
+        # theta and the partial rotary factor: rope_parameters' own, then the top-level rope_theta /
+        # partial_rotary_factor released configs carry, else Glm4MoeConfig's 10000 and 0.5 (rope_fields)
+        rope_parameters={"rope_type": "default"},
     ),
 }
 DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]

@@ -12,6 +12,7 @@ from dayzero.cache.paged import PagedKVStorage, checked_layout, probe_layout
 from dayzero.plan import GIB, KV_DTYPES, cache_totals, memory_plan
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
@@ -27,6 +28,7 @@ BUILDERS = {
     "gpt_oss": build_gpt_oss_checkpoint,
     "kimi_linear": build_kimi_linear_checkpoint,
     "kimi_k3": build_kimi_k3_checkpoint,
+    "glm4_moe": build_glm4_moe_checkpoint,
 }
 
 

@@ -31,7 +31,7 @@ def test_the_layouts_hold_what_glm_ships_and_transformers_keeps(checkpoint, tmp_
     assert fused[layer + "mlp.experts.gate_up_proj"].torch_shape == (8, 64, dims["hidden_size"])
 
 
-@pytest.mark.parametrize("seed, layout", [(0, "in-memory"), (1, "release"), (2, "release"), (4, "in-memory")])
+@pytest.mark.parametrize("seed, layout", [(0, "in-memory"), (1, "release"), (2, "release")])
 def test_verify_passes_on_random_configs(seed, layout, tmp_path):
     result = verify_checkpoint(build_glm4_moe_checkpoint(tmp_path, seed=seed, layout=layout), prompt_len=40,
                                decode_steps=8)

@@ -10,6 +10,7 @@ from dayzero.ops import requirements as req
 from dayzero.ops.requirements import model_ops
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
 
@@ -19,6 +20,7 @@ BUILDERS = {
     "deepseek_v4": build_deepseek_v4_checkpoint,
     "gpt_oss": build_gpt_oss_checkpoint,
     "kimi_linear": build_kimi_linear_checkpoint,
+    "glm4_moe": build_glm4_moe_checkpoint,
 }
 # activations applied inside the routed-experts op (a kernel fuses them) are declared but not called directly
 FUSED_INTO_EXPERTS = {req.SWIGLU, req.SWIGLU_CLAMPED}

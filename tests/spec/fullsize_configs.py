@@ -2,7 +2,7 @@
 fields the spec reads), with the published parameter counts to check plans against.
 
 Sources: huggingface.co/{deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, deepseek-ai/DeepSeek-V3.2,
-deepseek-ai/DeepSeek-V4-Pro, deepseek-ai/DeepSeek-V4-Flash, openai/gpt-oss-120b, moonshotai/Kimi-K3}/config.json
+deepseek-ai/DeepSeek-V4-Pro, deepseek-ai/DeepSeek-V4-Flash, openai/gpt-oss-120b, moonshotai/Kimi-K3, zai-org/GLM-4.5}/config.json
 and their model cards (see /work/shared/research/*.md).
 """
 
@@ -252,6 +252,38 @@ KIMI_K3 = {
     },
 }
 
+# zai-org/GLM-4.5 (GLM-4.6 and 4.7 share its shape; 4.6 has a 200K context)
+GLM_45 = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "attention_bias": True,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "partial_rotary_factor": 0.5,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1536,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 92,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+
 # name -> (config, published total params, published active params)
 PUBLISHED = {
     "deepseek-v3": (DEEPSEEK_V3, 671e9, 37e9),
@@ -261,6 +293,7 @@ PUBLISHED = {
     "deepseek-v4-flash": (DEEPSEEK_V4_FLASH, 284e9, 13e9),
     "gpt-oss-120b": (GPT_OSS_120B, 116.83e9, 5.13e9),
     "kimi-k3": (KIMI_K3, 2.78e12, 104e9),
+    "glm-4.5": (GLM_45, 355e9, 32e9),
 }
 
 

@@ -18,7 +18,7 @@ from .tiny_configs import make_config
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear", "kimi_k25")
+FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear", "kimi_k25", "glm4_moe")
 
 
 def _outcome(cfg: dict):
@@ -69,7 +69,7 @@ def test_the_config_save_pretrained_writes_reads_as_the_full_one(model_type):
     assert _outcome(diff) == _outcome(cfg.to_dict())
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear"])
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear", "glm4_moe"])
 def test_an_almost_empty_config_is_the_reference_default_model(model_type):
     """Only model_type and a few layers: every other field is transformers' default (full-size dims)."""
     ours = _outcome({"model_type": model_type, "num_hidden_layers": 2})

@@ -121,6 +121,19 @@ def test_kimi_linear_plain(tmp_path):
     assert total_params(spec) == _causal_lm_params(cfg)
 
 
+def test_glm4_moe(tmp_path):
+    cfg = make_config("glm4_moe")
+    spec = load_spec(save_config(cfg, tmp_path))
+    assert spec.layer_kinds() == [("gqa", "dense"), ("gqa", "moe"), ("gqa", "moe")]
+    a = spec.layers[0].attention
+    assert (a.num_heads, a.num_kv_heads, a.head_dim, a.qk_rope_head_dim, a.qk_norm, a.qkv_bias, a.bias) == (
+        4, 2, 24, 12, True, True, False)  # Glm4MoeConfig's partial_rotary_factor 0.5; biases on q, k, v only
+    r = spec.experts.routing
+    assert (r.function, r.correction_bias, r.n_group, r.topk_group, spec.experts.num_shared) == ("sigmoid", True, 2, 1, 1)
+    assert spec.mtp_layers == 1 and spec.context.rope_theta == 10000.0
+    assert total_params(spec) == _causal_lm_params(cfg)
+
+
 def test_kimi_linear_with_k3_extensions():
     spec = load_spec(tiny_k3_config())
     assert spec.model_type == "kimi_k3" and spec.text_model_type == "kimi_linear"

@@ -28,6 +28,9 @@ TINY = {
                         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1,
                         linear_attn_config={"full_attn_layers": [2, 5], "kda_layers": [1, 3, 4], "num_heads": 2,
                                             "head_dim": 16, "short_conv_kernel_size": 4}),
+    "glm4_moe": dict(_COMMON, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=2,
+                     head_dim=24, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=2, topk_group=1,
+                     first_k_dense_replace=1, use_qk_norm=True, attention_bias=True),
     "kimi_k25": dict(
         text_config=dict(_COMMON, **_MLA, model_type="kimi_k2", num_hidden_layers=3, intermediate_size=96,
                          moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
