@@ -14,7 +14,9 @@ Attention kinds (`AttentionSpec.kind`):
   hca  DeepSeek-V4 heavily compressed attention: window + every compressed entry
   gqa  full grouped-query attention (gpt-oss odd layers)
   kda  Kimi delta attention, a linear-attention layer with a fixed-size recurrent state
-GQA options: partial rotary (`qk_rope_head_dim` < head_dim: only the first dims rotate), per-head
+  gdn  Gated DeltaNet (Qwen3.5): the delta rule with one decay per head, value heads grouped over
+       query/key heads, a fixed-size recurrent state (dayzero/ops/gdn.py)
+GQA options: an output gate (`output_gate` "sigmoid": Qwen3.5's q_proj also gives a gate per channel), partial rotary (`qk_rope_head_dim` < head_dim: only the first dims rotate), per-head
 `qk_norm` (GLM-4.x, Qwen3.5), biases on q, k, v only (`qkv_bias`, GLM-4.x).
 MLP kinds: dense | moe | hash_moe (DeepSeek-V4's first layers route by token id).
 
@@ -36,7 +38,7 @@ from typing import Any, Mapping
 from dayzero.model_path import read_json
 from dayzero.validation import UnsupportedModelError, check_supported
 
-ATTENTION_KINDS = ("mla", "dsa", "swa", "csa", "hca", "gqa", "kda")
+ATTENTION_KINDS = ("mla", "dsa", "swa", "csa", "hca", "gqa", "kda", "gdn")
 MLP_KINDS = ("dense", "moe", "hash_moe")
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors")
 COMPRESSED_TENSORS_FORMATS = {"mxfp4-pack-quantized": "mxfp4", "pack-quantized": "int4"}
@@ -54,6 +56,8 @@ SUPPORTED_MODEL_TYPES = (
     "kimi_k25",
     "kimi_k3",
     "glm4_moe",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
 )
 
 # -- defaults: what a field missing from config.json means -----------------------------------
@@ -119,6 +123,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # partial_rotary_factor released configs carry, else Glm4MoeConfig's 10000 and 0.5 (rope_fields)
         rope_parameters={"rope_type": "default"},
     ),
+    "qwen3_5_moe_text": dict(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+        hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        attention_bias=False, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_num_key_heads=16, linear_num_value_heads=32, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        num_experts_per_tok=8, num_experts=256, full_attention_interval=4, mtp_num_hidden_layers=0,
+        # theta 10000 and partial rotary 0.25 unless rope_parameters says (rope_fields)
+        rope_parameters={"rope_type": "default"},
+    ),
 }
 DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
 # `rope_scaling` is the Hub's older name of `rope_parameters`.
@@ -140,7 +153,9 @@ ALIASES["kimi_k2"] = ALIASES["deepseek_v3"]
 GPT_OSS_ROPE_THETA = 150000.0  # GptOssConfig.default_theta
 DEEPSEEK_ROPE_THETA = 10000.0  # DeepseekV3Config / DeepseekV32Config / DeepseekV4Config default_theta
 GLM4_ROPE_THETA, GLM4_PARTIAL_ROTARY = 10000.0, 0.5  # Glm4MoeConfig's defaults
-WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",)}  # first: the default
+QWEN3_5_ROPE_THETA, QWEN3_5_PARTIAL_ROTARY = 10000.0, 0.25  # Qwen3_5MoeTextConfig's defaults
+WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",),
+                      "qwen3_5_moe": ("qwen3_5_moe_text",)}  # first: the default
 
 
 # what transformers' DeepseekV32Config names a DSA layer: "indexed_attention" (5.24), "deepseek_sparse_attention" (5.17)
@@ -189,6 +204,8 @@ class AttentionSpec:
     index_*: lightning indexer (dsa; csa runs it over compressed entries).
     output_gate: "sigmoid" (Kimi K3 gated MLA), "low_rank" / "full_rank" (KDA output gate).
     qk_rope_head_dim on gqa: the rotated dims of each head (partial rotary), None when all rotate.
+    gdn: num_heads value heads (one state each) of v_head_dim, num_kv_heads query/key heads of head_dim
+    (num_heads / num_kv_heads value heads share one), conv_kernel the short convolution's taps.
     """
 
     kind: str
@@ -262,6 +279,7 @@ class ExpertsSpec:
     bias: bool = False
     latent_dim: int | None = None
     latent_norm: bool = False
+    shared_gate: bool = False  # Qwen3.5: the shared expert's output times sigmoid(shared_expert_gate(x)), one per token
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -349,7 +367,8 @@ class CrossLayerSpec:
 
 @dataclass(frozen=True)
 class VisionSpec:
-    """A vision tower feeding placeholder tokens. kind: moonvit (Kimi K2.5) | moonvit3d (Kimi K3)."""
+    """A vision tower feeding placeholder tokens. kind: moonvit (Kimi K2.5) | moonvit3d (Kimi K3) |
+    qwen3_5_vit (Qwen3.5: 3-D patches of temporal_patch_size frames, a learned table of num_positions)."""
 
     kind: str
     num_layers: int
@@ -364,6 +383,8 @@ class VisionSpec:
     norm: str = "layer_norm"
     bias: bool = True
     projector_hidden_size: int | None = None
+    temporal_patch_size: int | None = None
+    num_positions: int | None = None
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v is not None}
@@ -423,7 +444,7 @@ def load_spec(path_or_config: str | Path | Mapping[str, Any]) -> ModelSpec:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError("model_type", model_type, SUPPORTED_MODEL_TYPES, source)
     quant_cfg = _find_quant_config(cfg) or extra_quant
-    if model_type in ("kimi_k25", "kimi_k3"):
+    if model_type in WRAPPER_TEXT_TYPES:
         return _load_vlm(cfg, model_type, quant_cfg, source)
     return _load_text(cfg, model_type, quant_cfg, source)
 
@@ -472,7 +493,8 @@ def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -
         raise UnsupportedModelError("text_config.model_type", text_type, expected, source)
     text = _load_text(text_cfg, text_type, quant_cfg, source)
     vision_cfg = cfg.get("vision_config") or {}
-    vision = _parse_vision(vision_cfg, model_type, cfg, text.hidden_size) if vision_cfg or model_type == "kimi_k25" else None
+    vision = (_parse_vision(vision_cfg, model_type, cfg, text.hidden_size)
+              if vision_cfg or model_type in ("kimi_k25", "qwen3_5_moe") else None)
     tie = _get(cfg, "tie_word_embeddings", default=text.tie_word_embeddings)
     if model_type == "kimi_k25" and "tie_word_embeddings" not in cfg:
         tie = True  # transformers' Kimi_K25Config default
@@ -491,6 +513,8 @@ def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) 
         spec = _load_gpt_oss(cfg, quant, source)
     elif model_type == "glm4_moe":
         spec = _load_glm4_moe(cfg, quant, source)
+    elif model_type == "qwen3_5_moe_text":
+        spec = _load_qwen3_5_moe(cfg, quant, source)
     else:
         spec = _load_kimi_linear(cfg, quant, source)
     check_supported(spec, cfg)
@@ -902,6 +926,53 @@ def _load_glm4_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
     )
 
 
+# -- Qwen3.5-MoE -------------------------------------------------------------------------------------
+
+
+def _load_qwen3_5_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
+    """Gated DeltaNet layers beside gated GQA layers (one in full_attention_interval), every MLP a softmax-
+    routed MoE with a sigmoid-gated shared expert. The MRoPE fields (mrope_section, mrope_interleaved) of
+    rope_parameters place the text, height and width positions of image tokens; a text token has all three
+    equal, and then MRoPE is 1-D RoPE over the rotated dims."""
+    n = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    interval = int(cfg["full_attention_interval"] or 4)
+    layer_types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    _check_mlp_types(list(layer_types), ("linear_attention", "full_attention"), n, source, "layer_types")
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg["head_dim"] or hidden // heads)
+    _, theta, partial = rope_fields(cfg, QWEN3_5_ROPE_THETA, QWEN3_5_PARTIAL_ROTARY)
+    full = AttentionSpec(kind="gqa", num_heads=heads, head_dim=head_dim, num_kv_heads=int(cfg["num_key_value_heads"] or heads),
+                         v_head_dim=head_dim, qk_rope_head_dim=int(head_dim * partial), qk_norm=True,
+                         output_gate="sigmoid", bias=bool(cfg["attention_bias"]))
+    gdn = AttentionSpec(kind="gdn", num_heads=int(cfg["linear_num_value_heads"]), num_kv_heads=int(cfg["linear_num_key_heads"]),
+                        head_dim=int(cfg["linear_key_head_dim"]), v_head_dim=int(cfg["linear_value_head_dim"]),
+                        conv_kernel=int(cfg["linear_conv_kernel_dim"]), output_gate="full_rank")
+    top_k, shared = int(cfg["num_experts_per_tok"]), int(cfg["shared_expert_intermediate_size"] or 0)
+    experts = ExpertsSpec(num=int(cfg["num_experts"]), top_k=top_k, intermediate_size=int(cfg["moe_intermediate_size"]),
+                          input_dim=hidden, num_shared=1 if shared else 0, shared_intermediate_size=shared,
+                          routing=RoutingSpec("softmax", top_k, normalize=True), format=quant.expert_format,
+                          shared_gate=True)
+    activation = _activation(cfg, source)
+    layers = tuple(LayerSpec(i, full if t == "full_attention" else gdn, _mlp("moe", activation, 0, experts), quant.dense_format)
+                   for i, t in enumerate(layer_types[:n]))
+    return ModelSpec(
+        model_type="qwen3_5_moe_text",
+        text_model_type="qwen3_5_moe_text",
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=hidden,
+        layers=layers,
+        experts=experts,
+        quant=quant,
+        cross_layer=CrossLayerSpec(),
+        vision=None,
+        context=replace(_context(cfg, default_max=32768), rope_theta=theta),
+        tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
+        mtp_layers=int(cfg["mtp_num_hidden_layers"] or 0),
+        source=source,
+    )
+
+
 # -- Kimi Linear (+ Kimi K3 extensions) --------------------------------------------------------
 
 
@@ -984,6 +1055,15 @@ def _load_kimi_linear(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
 def _parse_vision(v: dict, model_type: str, cfg: dict, text_hidden: int) -> VisionSpec:
     """MoonViT (Kimi K2.5, transformers' Kimi_K25VisionConfig names or the remote-code `vt_*` names)
     and MoonViT3d (Kimi K3: RMSNorm, qkv_hidden_size, fixed position embedding, no biases)."""
+    if model_type == "qwen3_5_moe":  # Qwen3_5MoeVisionConfig's names and defaults
+        merge = int(v.get("spatial_merge_size", 2))
+        return VisionSpec(
+            kind="qwen3_5_vit", num_layers=int(v.get("depth", 27)), hidden_size=int(v.get("hidden_size", 1152)),
+            intermediate_size=int(v.get("intermediate_size", 4304)), num_heads=int(v.get("num_heads", 16)),
+            patch_size=int(v.get("patch_size", 16)), merge_kernel=(merge, merge),
+            text_hidden_size=int(v.get("out_hidden_size", 3584)), norm="layer_norm", bias=True,
+            temporal_patch_size=int(v.get("temporal_patch_size", 2)),
+            num_positions=int(v.get("num_position_embeddings", 2304)))
     merge = tuple(v.get("merge_kernel_size") or (2, 2))
     if model_type == "kimi_k3":
         return VisionSpec(

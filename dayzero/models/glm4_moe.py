@@ -33,17 +33,9 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM
 from dayzero.models.deepseek_v3 import LAYOUTS, MLP, LinearFormats, MoE
 from dayzero.models.layers import Embedding, Linear, RMSNorm, pre_norm_residuals
-from dayzero.models.rotary import rope_from_config
+from dayzero.models.rotary import rope_from_config, rotate_partial
 from dayzero.spec import GLM4_PARTIAL_ROTARY, GLM4_ROPE_THETA, AttentionSpec, ModelSpec, rope_fields
 from dayzero.weights import Layout
-
-
-def rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, H, D] with its first 2 * cos.shape[-1] dims rotated (half-split pairs), the rest as is."""
-    rot = 2 * cos.shape[-1]
-    if rot == x.shape[-1]:
-        return ops.rope(x, cos, sin, interleaved=False)
-    return torch.cat((ops.rope(x[..., :rot], cos, sin, interleaved=False), x[..., rot:]), dim=-1)
 
 
 class Glm4MoeAttention(nn.Module):

@@ -87,3 +87,16 @@ class BiasedRouter(nn.Module):
         super().__init__()
         self.weight = empty_param((num_experts, hidden), torch.float32, device)
         self.e_score_correction_bias = empty_param((num_experts,), torch.float32, device)
+
+
+def decode_and_prompt_segments(runs) -> list[tuple[int, int, bool]]:
+    """(first, end, decodes) of consecutive runs of a step's sequences (SeqBatch.runs): decodes (one token
+    each) or prompt chunks of any lengths together, so that a linear-attention layer (KDA, Gated DeltaNet)
+    runs a step's decodes as one [B, 1] recurrent call and its prompts as one packed varlen chunk call."""
+    out: list[tuple[int, int, bool]] = []
+    for first, end, t in runs:
+        if out and out[-1][2] == (t == 1):
+            out[-1] = (out[-1][0], end, t == 1)
+        else:
+            out.append((first, end, t == 1))
+    return out
