@@ -7,6 +7,8 @@ offline LLM API and the server (each step's logprobs), a second turn from the pr
 import pytest
 import torch
 
+from dayzero.parallel.state import Parallel
+from dayzero.rank_weights import rank_weights
 from dayzero.verify import verify_checkpoint
 from dayzero.weights import Checkpoint
 from tests.models.engine_checks import assert_llm_matches_transformers, assert_server_matches_transformers
@@ -44,7 +46,7 @@ def test_llm_api_and_server_give_transformers_step_logits(checkpoint):
     assert_server_matches_transformers(checkpoint, [9, 33])
 
 
-def test_bfloat16_runs_close_to_float32(checkpoint):
+def test_bfloat16_runs_close_to_float32_and_holds_the_planned_bytes(checkpoint):
     from dayzero.models import load_model
     from tests.models.helpers import positions, random_prompt
 
@@ -54,6 +56,8 @@ def test_bfloat16_runs_close_to_float32(checkpoint):
         got, want = ours16(ids, positions(ids)), ours32(ids, positions(ids))
     per_position = (got - want).abs().amax(-1) / want.abs().amax(-1)
     assert float(per_position.median()) <= 3e-2
+    held = sum(t.numel() * t.element_size() for t in [*ours16.parameters(), *ours16.buffers()])
+    assert rank_weights(ours16.spec, Parallel()).total == held  # what inspect plans per GPU is what the model holds
 
 
 @pytest.mark.parametrize("changes, field", [
