@@ -16,9 +16,12 @@ from dayzero.engine import SamplingParams
 from dayzero.engine.graphs import DecodeGraphs, graph_buckets
 from dayzero.engine.llm import LLM
 from tests.engine.test_llm import FAMILIES, _assert_pool_free, _prompts
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
+from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
 
-CASES = {**{k: v[0] for k, v in FAMILIES.items()}, "kimi_k3": build_kimi_k3_checkpoint}
+CASES = {**{k: v[0] for k, v in FAMILIES.items()}, "kimi_k3": build_kimi_k3_checkpoint,
+         "glm4_moe": build_glm4_moe_checkpoint, "qwen3_5_moe": build_qwen3_5_moe_checkpoint}
 PARAMS = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, logprobs=2)
 
 

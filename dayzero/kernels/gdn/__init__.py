@@ -35,9 +35,16 @@ def fla_available() -> bool:
     return True
 
 
-def _supported(q, k, v, g, beta) -> bool:
-    """q, k [..., HK, dk], v [..., HV, dv] of one 16/bf16 dtype on CUDA, HV a multiple of HK, g / beta [..., HV]."""
+MAX_DIM = 256  # fla's bound on dk (and dv) per head
+
+
+def _supported(q, k, v, g, beta, chunked: bool = False) -> bool:
+    """q, k [..., HK, dk], v [..., HV, dv] of one 16/bf16 dtype on CUDA, HV a multiple of HK, g / beta [..., HV];
+    the chunked kernels' tensor-core products want dk and dv multiples of 16."""
     if not all(isinstance(t, torch.Tensor) and t.is_cuda for t in (q, k, v, g, beta)):
+        return False
+    dk, dv = q.shape[-1], v.shape[-1]
+    if dk > MAX_DIM or dv > MAX_DIM or (chunked and (dk % 16 or dv % 16)):
         return False
     return (q.dtype in DTYPES and k.shape == q.shape and k.dtype == v.dtype == q.dtype and v.shape[:-2] == q.shape[:-2]
             and v.shape[-2] % q.shape[-2] == 0 and g.shape == v.shape[:-1] and beta.shape == v.shape[:-1]
@@ -51,19 +58,23 @@ def _pool_ok(pool, slots, v, k, n: int) -> bool:
 
 
 def supports_gdn(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64) -> bool:
-    if q.dim() != 4 or not _supported(q, k, v, g, beta):
+    if q.dim() != 4 or not _supported(q, k, v, g, beta, chunked=chunk_size is not None):
         return False
     return state is None or (state.is_cuda and state.dtype == torch.float32
                              and tuple(state.shape) == (q.shape[0], v.shape[2], q.shape[3], v.shape[3]))
 
 
+def supports_gdn_recurrent(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True) -> bool:
+    return supports_gdn(q, k, v, g, beta, state, chunk_size=None)
+
+
 def supports_gdn_slots(q, k, v, g, beta, pool, slots, scale=None, l2norm_qk=True) -> bool:
-    return supports_gdn(q, k, v, g, beta) and _pool_ok(pool, slots, v, k, q.shape[0])
+    return supports_gdn_recurrent(q, k, v, g, beta) and _pool_ok(pool, slots, v, k, q.shape[0])
 
 
 def supports_gdn_varlen(q, k, v, g, beta, query_start, query_start_host, pool, slots, scale=None, l2norm_qk=True,
                         chunk_size=64) -> bool:
-    return (q.dim() == 3 and _supported(q, k, v, g, beta) and isinstance(query_start, torch.Tensor)
+    return (q.dim() == 3 and _supported(q, k, v, g, beta, chunked=True) and isinstance(query_start, torch.Tensor)
             and query_start.is_cuda and _pool_ok(pool, slots, v, k, len(query_start_host) - 1)
             and query_start.shape[0] == len(query_start_host) and query_start_host[-1] == q.shape[0])
 
@@ -105,7 +116,7 @@ def gdn_chunk_varlen(q, k, v, g, beta, query_start, query_start_host, pool, slot
     return o[0].to(q.dtype)
 
 
-for _name, _fn, _supports in (("gdn_chunk", gdn_chunk, supports_gdn), ("gdn_recurrent", gdn_recurrent, supports_gdn),
+for _name, _fn, _supports in (("gdn_chunk", gdn_chunk, supports_gdn), ("gdn_recurrent", gdn_recurrent, supports_gdn_recurrent),
                               ("gdn_recurrent_slots", gdn_recurrent_slots, supports_gdn_slots),
                               ("gdn_chunk_varlen", gdn_chunk_varlen, supports_gdn_varlen)):
     REGISTRY.register_kernel(_name, _fn, backend="fla", devices=["cuda"], priority=PRIORITY, available=fla_available,
