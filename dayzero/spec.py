@@ -909,21 +909,17 @@ def _load_glm4_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
                               format=quant.expert_format)
     layers = tuple(LayerSpec(i, attention, _mlp(t, activation, int(cfg["intermediate_size"]), experts), quant.dense_format)
                    for i, t in enumerate(mlp_types))
-    return ModelSpec(
-        model_type="glm4_moe",
-        text_model_type="glm4_moe",
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=hidden,
-        layers=layers,
-        experts=experts,
-        quant=quant,
-        cross_layer=CrossLayerSpec(),
-        vision=None,
-        context=replace(_context(cfg, default_max=131072), rope_theta=theta),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        mtp_layers=int(cfg["num_nextn_predict_layers"] or 0),
-        source=source,
-    )
+    return _plain_text_spec("glm4_moe", cfg, layers, experts, quant, replace(_context(cfg, default_max=131072), rope_theta=theta),
+                            int(cfg["num_nextn_predict_layers"] or 0), source)
+
+
+def _plain_text_spec(model_type: str, cfg: dict, layers: tuple, experts: ExpertsSpec | None, quant: QuantSpec,
+                     context: ContextSpec, mtp_layers: int, source: str) -> ModelSpec:
+    """A text model with plain residuals and no vision tower of its own (GLM-4.x, Qwen3.5's text tower)."""
+    return ModelSpec(model_type=model_type, text_model_type=model_type, vocab_size=int(cfg["vocab_size"]),
+                     hidden_size=int(cfg["hidden_size"]), layers=layers, experts=experts, quant=quant,
+                     cross_layer=CrossLayerSpec(), vision=None, context=context,
+                     tie_word_embeddings=bool(cfg["tie_word_embeddings"]), mtp_layers=mtp_layers, source=source)
 
 
 # -- Qwen3.5-MoE -------------------------------------------------------------------------------------
@@ -956,21 +952,9 @@ def _load_qwen3_5_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
     activation = _activation(cfg, source)
     layers = tuple(LayerSpec(i, full if t == "full_attention" else gdn, _mlp("moe", activation, 0, experts), quant.dense_format)
                    for i, t in enumerate(layer_types[:n]))
-    return ModelSpec(
-        model_type="qwen3_5_moe_text",
-        text_model_type="qwen3_5_moe_text",
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=hidden,
-        layers=layers,
-        experts=experts,
-        quant=quant,
-        cross_layer=CrossLayerSpec(),
-        vision=None,
-        context=replace(_context(cfg, default_max=32768), rope_theta=theta),
-        tie_word_embeddings=bool(cfg["tie_word_embeddings"]),
-        mtp_layers=int(cfg["mtp_num_hidden_layers"] or 0),
-        source=source,
-    )
+    return _plain_text_spec("qwen3_5_moe_text", cfg, layers, experts, quant,
+                            replace(_context(cfg, default_max=32768), rope_theta=theta), int(cfg["mtp_num_hidden_layers"] or 0),
+                            source)
 
 
 # -- Kimi Linear (+ Kimi K3 extensions) --------------------------------------------------------

@@ -30,19 +30,19 @@ from torch import nn
 
 from dayzero import ops
 from dayzero.models import register_model
-from dayzero.models.base import CausalLM
-from dayzero.models.deepseek_v3 import LAYOUTS, MLP, LinearFormats, MoE
-from dayzero.models.layers import Embedding, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.deepseek_v3 import DecoderLayer, DeepseekV3ForCausalLM, LinearFormats
+from dayzero.models.layers import Linear, RMSNorm
 from dayzero.models.rotary import rope_from_config, rotate_partial
 from dayzero.spec import GLM4_PARTIAL_ROTARY, GLM4_ROPE_THETA, AttentionSpec, ModelSpec, rope_fields
-from dayzero.weights import Layout
 
 
 class Glm4MoeAttention(nn.Module):
     """Cache streams "k", "v": entries [num_kv_heads, head_dim], the keys rotated."""
 
-    def __init__(self, a: AttentionSpec, hidden: int, eps: float, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: LinearFormats, prefix: str, dtype, device):
+        """As DeepSeek-V3's MLAttention is built; every projection bf16 (fmts and prefix name FP8 modules)."""
         super().__init__()
+        eps = float(config["rms_norm_eps"])
         self.heads, self.kv_heads, self.head_dim = a.num_heads, a.num_kv_heads, a.head_dim
         kw = dict(dtype=dtype, device=device)
         self.q_proj = Linear(hidden, self.heads * self.head_dim, bias=a.qkv_bias, **kw)
@@ -53,6 +53,9 @@ class Glm4MoeAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, eps, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, eps, dtype, device)
         self.qk_norm = a.qk_norm
+
+    def post_load(self) -> None:
+        """Nothing derived (MLA's absorbed matrices are its own)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache) -> torch.Tensor:
         """x [N, hidden] (the step's packed tokens) -> [N, hidden]."""
@@ -67,61 +70,23 @@ class Glm4MoeAttention(nn.Module):
         return self.o_proj(out.reshape(n, -1))
 
 
-class Glm4MoeDecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, config: dict, fmts: LinearFormats, index: int, dtype, device):
-        super().__init__()
-        prefix, eps, layer = f"model.layers.{index}.", float(config["rms_norm_eps"]), spec.layers[index]
-        self.input_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
-        self.self_attn = Glm4MoeAttention(layer.attention, spec.hidden_size, eps, dtype, device)
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
-        if layer.mlp.kind == "moe":
-            self.mlp = MoE(spec, fmts, prefix + "mlp.", dtype, device)
-        else:
-            self.mlp = MLP(fmts, prefix + "mlp.", spec.hidden_size, layer.mlp.intermediate_size, dtype, device)
+class Glm4MoeDecoderLayer(DecoderLayer):
+    """DeepSeek-V3's decoder layer (norms, dense MLP or MoE block) with GQA in place of MLA."""
 
-    def blocks(self, cos: torch.Tensor, sin: torch.Tensor, cache) -> list:
-        """The layer's two pre-norm blocks (models.layers.pre_norm_residuals)."""
-        return [(self.input_layernorm, lambda x: self.self_attn(x, cos, sin, cache)),
-                (self.post_attention_layernorm, self.mlp)]
+    attention_class = Glm4MoeAttention
 
 
 @register_model
-class Glm4MoeForCausalLM(CausalLM):
+class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
+    """DeepSeek-V3's model (embedding, layers, the MTP layers skipped, its layouts, final norm and head) with
+    GLM's decoder layer and partial-rotary table."""
+
     model_types = ("glm4_moe",)
+    tensor_parallel = False  # not built yet: GQA's heads are not split (docs/day0.md)
+    expert_parallel = False
+    decoder_layer = Glm4MoeDecoderLayer
 
-    def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
-        super().__init__(spec, config, dtype, device)
-        config = self.config
+    @staticmethod
+    def make_rope(spec: ModelSpec, config: dict):
         params, theta, _ = rope_fields(config, GLM4_ROPE_THETA, GLM4_PARTIAL_ROTARY)
-        self.rope = rope_from_config(params, spec.layers[0].attention.qk_rope_head_dim, theta)
-        fmts, eps = LinearFormats(spec, config), float(config["rms_norm_eps"])
-        self.model = nn.Module()
-        self.model.embed_tokens = Embedding(spec.vocab_size, spec.hidden_size, dtype, device)
-        self.model.layers = nn.ModuleList(Glm4MoeDecoderLayer(spec, config, fmts, i, dtype, device)
-                                          for i in range(spec.num_layers))
-        self.model.norm = RMSNorm(spec.hidden_size, eps, dtype, device)
-        if not spec.tie_word_embeddings:
-            self.lm_head = Linear(spec.hidden_size, spec.vocab_size, dtype=dtype, device=device)
-
-    def layouts(self) -> tuple[Layout, ...]:
-        return LAYOUTS
-
-    def ignore_patterns(self) -> tuple[str, ...]:
-        """The MTP layers (model.layers.{n}, ...); zero-width shared experts when n_shared_experts is 0."""
-        n = self.spec.num_layers
-        patterns = tuple(rf"^model\.layers\.{n + k}\." for k in range(self.spec.mtp_layers))
-        if self.spec.experts is not None and not self.spec.experts.num_shared:
-            patterns += (r"\.mlp\.shared_experts\.",)
-        return patterns + ((r"^lm_head\.weight$",) if self.spec.tie_word_embeddings else ())
-
-    def cuda_graph_blocker(self, max_model_len: int) -> str | None:
-        return None  # rope, paged GQA and the MoE layer: launches fixed by the batch size
-
-    def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        cos, sin = self.rope.cos_sin(positions)
-        x = self.model.embed_tokens(input_ids)
-        x = pre_norm_residuals(x, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(cos, sin, c)])
-        if cache.logits_indices is not None:
-            x = x[cache.logits_indices]
-        head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return ops.linear(self.model.norm(x), head).float()
+        return rope_from_config(params, spec.layers[0].attention.qk_rope_head_dim, theta)

@@ -9,6 +9,7 @@ from torch import nn
 
 from dayzero import ops
 from dayzero.models.base import empty_param
+from dayzero.parallel import comm
 
 
 class Linear(nn.Module):
@@ -100,3 +101,11 @@ def decode_and_prompt_segments(runs) -> list[tuple[int, int, bool]]:
         else:
             out.append((first, end, t == 1))
     return out
+
+
+def lm_logits(x: torch.Tensor, cache, norm: nn.Module, head: torch.Tensor) -> torch.Tensor:
+    """A packed step's logits, float32 [R, vocab]: the rows the step returns (cache.logits_indices, every
+    row when None), the final norm, the LM head (a tensor-parallel rank's vocabulary gathered)."""
+    if cache.logits_indices is not None:
+        x = x[cache.logits_indices]
+    return comm.all_gather(ops.linear(norm(x), head), dim=-1).float()

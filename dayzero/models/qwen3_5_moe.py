@@ -47,7 +47,7 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM, empty_param
 from dayzero.models.deepseek_v3 import LAYOUTS as DEEPSEEK_LAYOUTS
 from dayzero.models.deepseek_v3 import MLP, Experts, LinearFormats
-from dayzero.models.layers import Embedding, Linear, RMSNorm, decode_and_prompt_segments, pre_norm_residuals
+from dayzero.models.layers import Embedding, Linear, RMSNorm, decode_and_prompt_segments, lm_logits, pre_norm_residuals
 from dayzero.models.rotary import rope_from_config, rotate_partial
 from dayzero.ops.moe import Activation
 from dayzero.spec import QWEN3_5_PARTIAL_ROTARY, QWEN3_5_ROPE_THETA, AttentionSpec, ModelSpec, rope_fields
@@ -247,7 +247,5 @@ class Qwen3_5MoeForCausalLM(CausalLM):
         cos, sin = self.rope.cos_sin(positions) if self.rope is not None else (None, None)
         x = self.model.embed_tokens(input_ids)
         x = pre_norm_residuals(x, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(cos, sin, c)])
-        if cache.logits_indices is not None:
-            x = x[cache.logits_indices]
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return ops.linear(self.model.norm(x), head).float()
+        return lm_logits(x, cache, self.model.norm, head)

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from dayzero import ops
-from dayzero.kernels.gdn import fla_available, supports_gdn
+from dayzero.kernels.gdn import fla_available, supports_gdn, supports_gdn_recurrent
 from dayzero.ops.registry import REGISTRY
 from tests.kernels.conftest import cuda
+from tests.kernels.fla_checks import assert_fla_matches_reference, assert_fla_slots_match_reference
 
 HK, HV, D = 16, 32, 128
 needs_fla = pytest.mark.skipif(not fla_available(), reason="needs fla-core (pip install fla-core einops)")
@@ -30,26 +31,25 @@ def _inputs(seed, b, t, hk, hv, d, dtype, device, with_state):
     return q, k, v, decay, beta, state
 
 
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+NAMES = ("gdn_chunk", "gdn_recurrent", "gdn_chunk_varlen", "gdn_recurrent_slots")
 
 
-def test_registered_for_cuda_and_the_reference_runs_on_the_cpu():
-    for name in ("gdn_chunk", "gdn_recurrent", "gdn_chunk_varlen", "gdn_recurrent_slots"):
-        impl = next(i for i in REGISTRY.get(name).kernels if i.backend == "fla")
-        assert impl.devices == ("cuda",)
-        assert REGISTRY.get(name).select("cpu").backend == "reference"
-    args = _inputs(0, 1, 3, 1, 2, 8, torch.float32, "cpu", True)
-    assert not supports_gdn(*args)
+def test_fla_is_registered_for_cuda_only():
+    assert all([k.devices for k in REGISTRY.get(name).kernels] == [("cuda",)] for name in NAMES)
+    assert {REGISTRY.get(name).select("cpu").backend for name in NAMES} == {"reference"}
     with REGISTRY.record_calls(by_backend=True) as calls:
-        ops.gdn_chunk(*args)
-    assert calls == {"gdn_chunk@reference": 1}
+        ops.gdn_recurrent(*_inputs(0, 1, 3, 1, 2, 8, torch.float32, "cpu", True))
+    assert calls == {"gdn_recurrent@reference": 1}
 
 
 @cuda
-def test_float32_is_left_to_the_reference():
+def test_what_fla_declines_runs_on_the_reference():
+    """float32 (fla's float32 chunk kernels autotune for minutes); fewer than 16 channels in the chunked form
+    (its tensor-core products), which the token-by-token form takes."""
     assert not supports_gdn(*_inputs(0, 1, 70, 2, 4, 16, torch.float32, "cuda", True))
     assert supports_gdn(*_inputs(0, 1, 70, 2, 4, 16, torch.bfloat16, "cuda", True))
+    narrow = _inputs(0, 1, 70, 2, 4, 8, torch.bfloat16, "cuda", True)
+    assert not supports_gdn(*narrow) and supports_gdn_recurrent(*narrow)
 
 
 @cuda
@@ -59,14 +59,8 @@ def test_float32_is_left_to_the_reference():
 def test_fla_matches_the_reference(dtype, with_state):
     rng = random.Random(int(with_state) + 2 * (dtype == torch.float16))
     for name, t in (("gdn_chunk", rng.choice((65, 200, 1000))), ("gdn_recurrent", 1)):
-        args = _inputs(rng.randint(0, 99), rng.choice((1, 3)), t, HK, HV, D, dtype, "cuda", with_state)
-        with REGISTRY.force_backend("reference"):
-            o_ref, s_ref = getattr(ops, name)(*args)
-        with REGISTRY.record_calls(by_backend=True) as calls:
-            o, s = getattr(ops, name)(*args)
-        assert calls == {f"{name}@fla": 1}
-        assert o.dtype == dtype and s.dtype == torch.float32 and s.shape == s_ref.shape
-        assert _rel(o, o_ref) < 3e-2 and _rel(s, s_ref) < 3e-2, name
+        assert_fla_matches_reference(name, _inputs(rng.randint(0, 99), rng.choice((1, 3)), t, HK, HV, D, dtype, "cuda",
+                                                   with_state))
 
 
 @cuda
@@ -79,16 +73,7 @@ def test_fla_decode_updates_its_slots(batch):
     gen = torch.Generator(device="cuda").manual_seed(batch)
     pool = torch.randn(2 * batch + 3, HV, D, D, generator=gen, device="cuda") * 0.1
     slots = torch.randperm(pool.shape[0], generator=gen, device="cuda")[:batch]
-    want_pool = pool.clone()
-    with REGISTRY.force_backend("reference"):
-        want = ops.gdn_recurrent_slots(q, k, v, g, beta, want_pool, slots)
-    with REGISTRY.record_calls(by_backend=True) as calls:
-        got = ops.gdn_recurrent_slots(q, k, v, g, beta, pool, slots)
-    assert calls == {"gdn_recurrent_slots@fla": 1}
-    assert _rel(got, want) < 3e-2 and _rel(pool[slots], want_pool[slots]) < 3e-2
-    others = torch.ones(pool.shape[0], dtype=torch.bool, device="cuda")
-    others[slots] = False
-    assert torch.equal(pool[others], want_pool[others])
+    assert_fla_slots_match_reference("gdn_recurrent_slots", (q, k, v, g, beta), pool, slots)
 
 
 @cuda
@@ -105,11 +90,4 @@ def test_fla_varlen_prompts_match_the_reference_and_their_slots(seed):
     slots = torch.randperm(pool.shape[0])[:len(lengths)].cuda()
     host = tuple(torch.tensor([0] + lengths).cumsum(0).tolist())
     starts = torch.tensor(host, dtype=torch.int32, device="cuda")
-    want_pool = pool.clone()
-    with REGISTRY.force_backend("reference"):
-        want = ops.gdn_chunk_varlen(q, k, v, g, beta, starts, host, want_pool, slots)
-    with REGISTRY.record_calls(by_backend=True) as calls:
-        got = ops.gdn_chunk_varlen(q, k, v, g, beta, starts, host, pool, slots)
-    assert calls == {"gdn_chunk_varlen@fla": 1}
-    assert (got.float() - want.float()).abs().max() / want.float().abs().max() <= 2e-2
-    assert (pool - want_pool).abs().max() / want_pool.abs().max() <= 2e-2
+    assert_fla_slots_match_reference("gdn_chunk_varlen", (q, k, v, g, beta, starts, host), pool, slots, 2e-2)

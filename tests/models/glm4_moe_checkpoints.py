@@ -21,9 +21,9 @@ import random
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from tests.models.deepseek_checkpoints import mtp_layer, redraw
+from tests.models.helpers import save_bf16
 
 LAYOUTS = ("release", "in-memory")
 _FLOAT32 = ("mlp.gate.weight", "e_score_correction_bias")
@@ -59,16 +59,10 @@ def build_glm4_moe_checkpoint(tmp_dir, *, seed: int = 0, layout: str = "release"
     tag = "-".join(f"{k}={v}" for k, v in sorted(overrides.items()))
     out = Path(tmp_dir) / f"glm4_moe-{seed}-{layout}{'-' + tag if tag else ''}"
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("glm4_moe", rope_parameters=rope, **dims))
-    with torch.no_grad():  # fresh values at realistic scales (transformers' init leaves norms at 1, biases at 0)
-        state = redraw(model.state_dict(), torch.Generator().manual_seed(seed))
-        for name, p in model.state_dict().items():
-            p.copy_(state[name])
-    model.save_pretrained(out, save_original_format=layout == "release")
-    tensors = {name: t.float() if name.endswith(_FLOAT32) else t.to(torch.bfloat16)
-               for name, t in load_file(out / "model.safetensors").items()}
-    if mtp:
-        tensors.update(mtp_layer(tensors, dims["num_hidden_layers"]))
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    # fresh values at realistic scales (transformers' init leaves norms at 1, biases at 0)
+    state = redraw(model.state_dict(), torch.Generator().manual_seed(seed))
+    save_bf16(model, out, state, original_format=layout == "release", float32=_FLOAT32,
+              extra=(lambda tensors: mtp_layer(tensors, dims["num_hidden_layers"])) if mtp else None)
     config = json.loads((out / "config.json").read_text())
     config.pop("rope_parameters")
     config.update(rope_theta=rope["rope_theta"], partial_rotary_factor=rope["partial_rotary_factor"], rope_scaling=None,

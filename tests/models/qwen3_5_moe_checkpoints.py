@@ -22,9 +22,9 @@ import random
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from tests.models.deepseek_checkpoints import redraw
+from tests.models.helpers import save_bf16
 
 LAYOUTS = ("release", "transformers")
 VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, patch_size=4, num_position_embeddings=16)
@@ -89,16 +89,8 @@ def build_qwen3_5_moe_checkpoint(tmp_dir, *, seed: int = 0, layout: str = "relea
         model = Qwen3_5MoeForConditionalGeneration(cfg)
     else:
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **dims))
-    with torch.no_grad():
-        state = _realistic(model.state_dict(), seed)
-        for name, p in model.state_dict().items():
-            p.copy_(state[name])
-    model.save_pretrained(out, save_original_format=layout == "transformers")
-    tensors = {name: t.float() if name.endswith(_FLOAT32) else t.to(torch.bfloat16)
-               for name, t in load_file(out / "model.safetensors").items()}
-    if mtp:
-        tensors.update(_mtp(dims["hidden_size"]))
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    save_bf16(model, out, _realistic(model.state_dict(), seed), original_format=layout == "transformers",
+              float32=_FLOAT32, extra=(lambda _: _mtp(dims["hidden_size"])) if mtp else None)
     config = json.loads((out / "config.json").read_text())
     config["dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -5,15 +5,12 @@ expert groups, dense first layers or none), in the release layout and transforme
 offline LLM API and the server (each step's logprobs), a second turn from the prefix cache."""
 
 import pytest
-import torch
 
-from dayzero.parallel.state import Parallel
-from dayzero.rank_weights import rank_weights
 from dayzero.verify import verify_checkpoint
 from dayzero.weights import Checkpoint
 from tests.models.engine_checks import assert_llm_matches_transformers, assert_server_matches_transformers
 from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint, random_dims
-from tests.models.helpers import assert_refused
+from tests.models.helpers import assert_bf16_close_and_planned, assert_refused
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +30,10 @@ def test_the_layouts_hold_what_glm_ships_and_transformers_keeps(checkpoint, tmp_
     assert fused[layer + "mlp.experts.gate_up_proj"].torch_shape == (8, 64, dims["hidden_size"])
 
 
-@pytest.mark.parametrize("seed, layout", [(0, "in-memory"), (1, "release"), (2, "release")])
+@pytest.mark.parametrize("seed, layout", [(0, "in-memory"), (2, "release")])  # tests/test_verify.py: seed 5
 def test_verify_passes_on_random_configs(seed, layout, tmp_path):
     result = verify_checkpoint(build_glm4_moe_checkpoint(tmp_path, seed=seed, layout=layout), prompt_len=40,
-                               decode_steps=8)
+                               decode_steps=6)
     assert result.passed and result.reference_consistent, result.first_divergence
     assert result.max_rel_err <= 1e-4
 
@@ -47,17 +44,7 @@ def test_llm_api_and_server_give_transformers_step_logits(checkpoint):
 
 
 def test_bfloat16_runs_close_to_float32_and_holds_the_planned_bytes(checkpoint):
-    from dayzero.models import load_model
-    from tests.models.helpers import positions, random_prompt
-
-    ids = random_prompt(1, 24, 256)
-    ours16, ours32 = (load_model(checkpoint, dtype=d, progress=False) for d in (torch.bfloat16, torch.float32))
-    with torch.no_grad():
-        got, want = ours16(ids, positions(ids)), ours32(ids, positions(ids))
-    per_position = (got - want).abs().amax(-1) / want.abs().amax(-1)
-    assert float(per_position.median()) <= 3e-2
-    held = sum(t.numel() * t.element_size() for t in [*ours16.parameters(), *ours16.buffers()])
-    assert rank_weights(ours16.spec, Parallel()).total == held  # what inspect plans per GPU is what the model holds
+    assert_bf16_close_and_planned(checkpoint, 24, 256)
 
 
 @pytest.mark.parametrize("changes, field", [

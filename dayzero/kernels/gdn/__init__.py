@@ -13,26 +13,18 @@ gated delta rule has no in-place state indices, unlike its KDA decode kernel).""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from dayzero.kernels.devices import cuda_library
 from dayzero.ops.registry import REGISTRY
 
 PRIORITY = 10  # above the reference
 DTYPES = (torch.bfloat16, torch.float16)
 
 
-@functools.cache
 def fla_available() -> bool:
     """fla-core's gated delta rule imports and a CUDA device exists (looked up once)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule  # noqa: F401
-    except Exception:  # not installed, or built for another triton / torch
-        return False
-    return True
+    return cuda_library("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
 
 
 MAX_DIM = 256  # fla's bound on dk (and dv) per head
