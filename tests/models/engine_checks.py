@@ -5,9 +5,10 @@ Each decode step's top logprobs (the LLM's `logprobs=k`, the server's SGLang `/g
 full forward (no cache, the oracle `dayzero verify` uses) over the prompt and dayzero's tokens, within
 `tolerance` x max |logits| of the step, and every greedy token must be the oracle's argmax.
 
-    assert_llm_matches_transformers(path, lengths) -> the LLM (a batch of prompts, then a second turn
+    assert_llm_matches_transformers(path, lengths, hf) -> the LLM (a batch of prompts, then a second turn
         that extends the longest with its answer and reuses its cached prefix)
-    assert_server_matches_transformers(path, lengths)
+    assert_server_matches_transformers(path, lengths, hf)
+hf: transformers' float32 model of the checkpoint (dayzero.verify.load_reference).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import torch
 
 from dayzero.engine import SamplingParams
 from dayzero.engine.llm import LLM
-from dayzero.verify import load_reference
 from tests.models.helpers import random_prompt
 
 NEW_TOKENS, TOP = 6, 5
@@ -40,8 +40,8 @@ def assert_steps_match(hf, prompt: list[int], tokens: list[int], tops: list[list
         assert err <= tolerance, f"step {k}: logprobs differ by {err:.2e} x max |logits|"
 
 
-def assert_llm_matches_transformers(path, lengths, tolerance: float = 1e-4, **llm_kwargs) -> LLM:
-    llm, hf = LLM(path, dtype="float32", **llm_kwargs), load_reference(path, torch.float32, "cpu")
+def assert_llm_matches_transformers(path, lengths, hf, tolerance: float = 1e-4, **llm_kwargs) -> LLM:
+    llm = LLM(path, dtype="float32", **llm_kwargs)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, logprobs=TOP)
     prompts = _prompts(llm.vocab_size, lengths)
     outs = llm.generate(prompts, params)
@@ -55,7 +55,7 @@ def assert_llm_matches_transformers(path, lengths, tolerance: float = 1e-4, **ll
     return llm
 
 
-def assert_server_matches_transformers(path, lengths, tolerance: float = 1e-4) -> None:
+def assert_server_matches_transformers(path, lengths, hf, tolerance: float = 1e-4) -> None:
     from tests.server.conftest import start_server, stop_server
 
     running = start_server({"model": str(path), "dtype": "float32"})
@@ -65,7 +65,6 @@ def assert_server_matches_transformers(path, lengths, tolerance: float = 1e-4) -
                 "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}}
         reply = httpx.post(running.url + "/generate", json=body, timeout=120)
         assert reply.status_code == 200, reply.text
-        hf = load_reference(path, torch.float32, "cpu")
         for prompt, result in zip(prompts, reply.json()):
             tops = [[(t, v) for v, t, _ in step] for step in result["meta_info"]["output_top_logprobs"]]
             assert_steps_match(hf, prompt, result["output_ids"], tops, tolerance)
