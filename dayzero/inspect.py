@@ -225,7 +225,7 @@ def _attention_summary(kind: str, a: dict) -> str:
             "sliding_window", "compress_ratio", "index_n_heads", "index_head_dim", "index_topk", "o_groups",
             "o_lora_rank", "conv_kernel", "gate_lower_bound", "output_gate")
     parts = [f"{k}={a[k]}" for k in keys if k in a]
-    parts += [flag for flag in ("nope", "sinks", "bias") if a.get(flag)]
+    parts += [flag for flag in ("nope", "sinks", "bias", "qkv_bias", "qk_norm") if a.get(flag)]
     return f"{kind}: " + ", ".join(parts)
 
 
@@ -304,8 +304,8 @@ def _format_memory(m: dict) -> list[str]:
          "" if m['free_for_cache_gib_per_gpu'] >= 0 else
          f"none: the above exceed the GPU by {format_gib(-m['free_for_cache_gib_per_gpu'])}; more GPUs (--gpus)"],
         ["cache per token", format_bytes(m['cache_bytes_per_token']), "all layers"],
-        ["bounded cache", format_gib(m['cache_fixed_gib']), "windows, compressor buffers, KDA state"],
-        ["KDA state per request", format_gib(m['kda_state_gib_per_request']), "fp32 recurrent + bf16 conv"],
+        ["bounded cache", format_gib(m['cache_fixed_gib']), "windows, compressor buffers, KDA / GDN state"],
+        ["KDA / GDN state per request", format_gib(m['kda_state_gib_per_request']), "fp32 recurrent + bf16 conv"],
         ["longest context", f"{m['max_context_tokens']:,} tokens",
          f"limit {m['context_limit']:,} with max_position_embeddings"],
     ]

@@ -76,6 +76,17 @@ def _gqa_params(a: AttentionSpec, hidden: int) -> dict[str, int]:
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
     lin = hidden * (q + 2 * kv) + q * hidden
     small = (q + 2 * kv + hidden if a.bias else 0) + (a.num_heads if a.sinks else 0)
+    small += (q + 2 * kv if a.qkv_bias else 0) + (2 * a.head_dim if a.qk_norm else 0)
+    if a.output_gate == "sigmoid":  # Qwen3.5: q_proj gives q and a gate per channel
+        lin += hidden * q
+        small += q if a.bias else 0
+    return {"attention": lin, "small": small}
+
+
+def _gdn_params(a: AttentionSpec, hidden: int) -> dict[str, int]:
+    qk, v = a.num_kv_heads * a.head_dim, a.num_heads * a.v_head_dim
+    lin = hidden * (2 * qk + v) + hidden * v + 2 * hidden * a.num_heads + v * hidden  # in_proj_{qkv,z,b,a}, out_proj
+    small = (2 * qk + v) * a.conv_kernel + 2 * a.num_heads + a.v_head_dim  # conv1d, dt_bias, A_log, norm
     return {"attention": lin, "small": small}
 
 
@@ -112,6 +123,8 @@ def attention_params(a: AttentionSpec, hidden: int) -> dict[str, int]:
         return _gqa_params(a, hidden)
     if a.kind in ("swa", "csa", "hca"):
         return _v4_params(a, hidden)
+    if a.kind == "gdn":
+        return _gdn_params(a, hidden)
     return _kda_params(a, hidden)
 
 
@@ -136,7 +149,7 @@ def layer_params(layer: LayerSpec, spec: ModelSpec) -> dict[str, int]:
     else:
         e = mlp.experts
         counts["routed_experts"] += e.num * expert_params(e)
-        counts["router"] += e.num * hidden + (e.num if e.bias else 0)
+        counts["router"] += e.num * hidden + (e.num if e.bias else 0) + (hidden if e.shared_gate else 0)
         counts["shared_experts"] += 3 * hidden * e.shared_intermediate_size
         if e.latent_dim:
             counts["latent_projection"] += 2 * hidden * e.latent_dim
@@ -154,6 +167,11 @@ def vision_params(spec: ModelSpec) -> int:
     if v is None:
         return 0
     h, inter, merged = v.hidden_size, v.intermediate_size, v.hidden_size * v.merge_kernel[0] * v.merge_kernel[1]
+    if v.kind == "qwen3_5_vit":  # Conv3d patches, learned positions; blocks of LayerNorms, biased qkv / proj / MLP
+        per_layer = 4 * h + 3 * h * h + 3 * h + h * h + h + 2 * h * inter + inter + h
+        patches = 3 * v.temporal_patch_size * v.patch_size ** 2 * h + h + v.num_positions * h
+        merger = 2 * h + merged * merged + merged + merged * v.text_hidden_size + v.text_hidden_size
+        return v.num_layers * per_layer + patches + merger
     b = 1 if v.bias else 0
     norm = 2 * h if v.norm == "layer_norm" else h
     qkv = v.qkv_hidden_size or h
@@ -328,8 +346,8 @@ def layer_cache(a: AttentionSpec, kv_dtype: str = "bf16", block_size: int = DEFA
 
 
 def kda_state_bytes(spec: ModelSpec) -> float:
-    """Recurrent state of one request over all KDA layers."""
-    return sum(layer_cache(layer.attention).fixed for layer in spec.layers if layer.attention.kind == "kda")
+    """Recurrent state of one request over all linear-attention layers (KDA, Gated DeltaNet)."""
+    return sum(layer_cache(layer.attention).fixed for layer in spec.layers if layer.attention.kind in ("kda", "gdn"))
 
 
 def cache_totals(spec: ModelSpec, kv_dtype: str = "bf16", block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[float, float]:

@@ -143,12 +143,19 @@ def _mxfp4_matrix(n: int, k: int) -> int:
 
 
 def _gqa(t: _Tally, a: AttentionSpec, hidden: int) -> None:
-    """gpt-oss: q / k / v by output rows, o_proj by columns (its bias whole), float32 sinks by head."""
+    """gpt-oss, GLM-4.x, Qwen3.5: q / k / v by output rows, o_proj by columns (its bias whole), float32 sinks by
+    head; q_norm / k_norm [head_dim] whole (Qwen3.5's zero-centred ones also derive float32 1 + weight)."""
     q, kv = a.num_heads * a.head_dim, a.num_kv_heads * a.head_dim
-    for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-        t.linear("attention", rows, hidden, split="column", bias=a.bias, name=name)
+    gated = 2 if a.output_gate == "sigmoid" else 1  # Qwen3.5's q_proj also gives the output gate
+    for name, rows in (("q_proj", gated * q), ("k_proj", kv), ("v_proj", kv)):
+        t.linear("attention", rows, hidden, split="column", bias=a.bias or a.qkv_bias, name=name)
     t.linear("attention", hidden, q, split="row", bias=a.bias, name="o_proj")
-    t.vector("attention", a.num_heads, F32, split="num_attention_heads")
+    if a.sinks:
+        t.vector("attention", a.num_heads, F32, split="num_attention_heads")
+    if a.qk_norm:
+        t.vector("attention", 2 * a.head_dim)
+    if a.qk_norm and a.output_gate == "sigmoid":
+        t.vector("derived", 2 * a.head_dim, F32)
 
 
 def _mla(t: _Tally, a: AttentionSpec, hidden: int, dense: _Dense) -> None:
@@ -228,6 +235,20 @@ def _kda(t: _Tally, a: AttentionSpec, hidden: int) -> None:
     t.linear("attention", hidden, width, split="row", name="o_proj")
 
 
+def _gdn(t: _Tally, a: AttentionSpec, hidden: int) -> None:
+    """Gated DeltaNet: in_proj_{qkv,z,b,a} by output rows, out_proj by columns; the convolution [C, 1, K]
+    by channel; A_log, dt_bias float32 by value head; the gated norm [dv] whole."""
+    qk, v = a.num_kv_heads * a.head_dim, a.num_heads * a.v_head_dim
+    t.linear("attention", 2 * qk + v, hidden, split="column", name="in_proj_qkv")
+    t.linear("attention", v, hidden, split="column", name="in_proj_z")
+    for name in ("in_proj_b", "in_proj_a"):
+        t.linear("attention", a.num_heads, hidden, split="column", name=name)
+    t.vector("attention", 2 * qk + v, split="in_proj_qkv: out_features", width=a.conv_kernel)
+    t.vector("attention", 2 * a.num_heads, F32, split="linear_num_value_heads")
+    t.vector("attention", a.v_head_dim)
+    t.linear("attention", hidden, v, split="row", name="out_proj")
+
+
 # -- MLPs ------------------------------------------------------------------------------------------
 
 
@@ -278,7 +299,10 @@ def _deepseek_v3(t: _Tally, spec: ModelSpec) -> None:
     dense = _Dense(spec.quant.dense_format, tuple(spec.quant.fp8_block or (128, 128)))
     hidden, e = spec.hidden_size, spec.experts
     for layer in spec.layers:
-        _mla(t, layer.attention, hidden, dense)
+        if layer.attention.kind == "gqa":  # GLM-4.x: DeepSeek-V3's MLPs beside grouped-query attention
+            _gqa(t, layer.attention, hidden)
+        else:
+            _mla(t, layer.attention, hidden, dense)
         if layer.mlp.kind == "dense":
             _swiglu(t, hidden, layer.mlp.intermediate_size, dense)
             continue
@@ -327,9 +351,22 @@ def _kimi_linear(t: _Tally, spec: ModelSpec) -> None:
         t.vector("other", 2 * hidden)  # output_attn_res
 
 
-EXPERTS_FIELD = {"gpt_oss": "num_local_experts", "kimi_linear": "num_experts"}  # else n_routed_experts
+def _qwen3_5_moe(t: _Tally, spec: ModelSpec) -> None:
+    hidden, e = spec.hidden_size, spec.experts
+    for layer in spec.layers:
+        (_gdn if layer.attention.kind == "gdn" else _gqa)(t, layer.attention, hidden)
+        t.vector("other", e.num * hidden)  # gate.weight, in the model dtype
+        t.experts(e.num, _routed_bytes(e, t.item))
+        _swiglu(t, hidden, e.shared_intermediate_size, BF16)
+        t.vector("mlp", hidden)  # shared_expert_gate
+        t.vector("derived", 2 * hidden, F32)  # the zero-centred norms' 1 + weight
+    t.vector("derived", hidden, F32)
+
+
+EXPERTS_FIELD = {"gpt_oss": "num_local_experts", "kimi_linear": "num_experts", "qwen3_5_moe_text": "num_experts"}
 FAMILIES = {"gpt_oss": _gpt_oss, "deepseek_v3": _deepseek_v3, "kimi_k2": _deepseek_v3, "deepseek_v32": _deepseek_v3,
-            "deepseek_v4": _deepseek_v4, "kimi_linear": _kimi_linear}
+            "deepseek_v4": _deepseek_v4, "kimi_linear": _kimi_linear, "glm4_moe": _deepseek_v3,
+            "qwen3_5_moe_text": _qwen3_5_moe}
 
 
 def rank_weights(spec: ModelSpec, p: Parallel, dtype: torch.dtype = torch.bfloat16) -> RankWeights:

@@ -14,6 +14,10 @@ Attention kinds (`AttentionSpec.kind`):
   hca  DeepSeek-V4 heavily compressed attention: window + every compressed entry
   gqa  full grouped-query attention (gpt-oss odd layers)
   kda  Kimi delta attention, a linear-attention layer with a fixed-size recurrent state
+  gdn  Gated DeltaNet (Qwen3.5): the delta rule with one decay per head, value heads grouped over
+       query/key heads, a fixed-size recurrent state (dayzero/ops/gdn.py)
+GQA options: an output gate (`output_gate` "sigmoid": Qwen3.5's q_proj also gives a gate per channel), partial rotary (`qk_rope_head_dim` < head_dim: only the first dims rotate), per-head
+`qk_norm` (GLM-4.x, Qwen3.5), biases on q, k, v only (`qkv_bias`, GLM-4.x).
 MLP kinds: dense | moe | hash_moe (DeepSeek-V4's first layers route by token id).
 
 Layer-type lists follow transformers' config classes exactly (DeepSeek-V4 `layer_types` /
@@ -34,7 +38,7 @@ from typing import Any, Mapping
 from dayzero.model_path import read_json
 from dayzero.validation import UnsupportedModelError, check_supported
 
-ATTENTION_KINDS = ("mla", "dsa", "swa", "csa", "hca", "gqa", "kda")
+ATTENTION_KINDS = ("mla", "dsa", "swa", "csa", "hca", "gqa", "kda", "gdn")
 MLP_KINDS = ("dense", "moe", "hash_moe")
 QUANT_METHODS = ("fp8", "mxfp4", "compressed-tensors")
 COMPRESSED_TENSORS_FORMATS = {"mxfp4-pack-quantized": "mxfp4", "pack-quantized": "int4"}
@@ -51,6 +55,9 @@ SUPPORTED_MODEL_TYPES = (
     "kimi_linear",
     "kimi_k25",
     "kimi_k3",
+    "glm4_moe",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
 )
 
 # -- defaults: what a field missing from config.json means -----------------------------------
@@ -106,6 +113,25 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         linear_head_dim=128, linear_num_heads=32, linear_conv_kernel_dim=4, first_k_dense_replace=1,
         mla_use_nope=True, moe_router_activation_func="sigmoid", moe_layer_freq=1,
     ),
+    "glm4_moe": dict(
+        vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46, num_attention_heads=96,
+        num_key_value_heads=8, hidden_act="silu", max_position_embeddings=131072, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, attention_bias=False, moe_intermediate_size=1408, num_experts_per_tok=8,
+        n_shared_experts=1, n_routed_experts=128, routed_scaling_factor=1.0, n_group=1, topk_group=1,
+        first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=False, num_nextn_predict_layers=1,
+        # theta and the partial rotary factor: rope_parameters' own, then the top-level rope_theta /
+        # partial_rotary_factor released configs carry, else Glm4MoeConfig's 10000 and 0.5 (rope_fields)
+        rope_parameters={"rope_type": "default"},
+    ),
+    "qwen3_5_moe_text": dict(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16, num_key_value_heads=2,
+        hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        attention_bias=False, head_dim=256, linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_num_key_heads=16, linear_num_value_heads=32, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        num_experts_per_tok=8, num_experts=256, full_attention_interval=4, mtp_num_hidden_layers=0,
+        # theta 10000 and partial rotary 0.25 unless rope_parameters says (rope_fields)
+        rope_parameters={"rope_type": "default"},
+    ),
 }
 DEFAULTS["kimi_k2"] = DEFAULTS["deepseek_v3"]
 # `rope_scaling` is the Hub's older name of `rope_parameters`.
@@ -120,11 +146,16 @@ ALIASES: dict[str, dict[str, str]] = {  # family -> {other accepted name: name i
     "kimi_linear": {"max_position_embeddings": "model_max_length", "norm_topk_prob": "moe_renormalize",
                     "n_group": "num_expert_group", "num_local_experts": "num_experts",
                     "num_experts_per_tok": "num_experts_per_token", "n_shared_experts": "num_shared_experts"},
+    "glm4_moe": {"num_local_experts": "n_routed_experts", "num_mtp_layers": "num_nextn_predict_layers",
+                 "rope_scaling": "rope_parameters"},
 }
 ALIASES["kimi_k2"] = ALIASES["deepseek_v3"]
 GPT_OSS_ROPE_THETA = 150000.0  # GptOssConfig.default_theta
 DEEPSEEK_ROPE_THETA = 10000.0  # DeepseekV3Config / DeepseekV32Config / DeepseekV4Config default_theta
-WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",)}  # first: the default
+GLM4_ROPE_THETA, GLM4_PARTIAL_ROTARY = 10000.0, 0.5  # Glm4MoeConfig's defaults
+QWEN3_5_ROPE_THETA, QWEN3_5_PARTIAL_ROTARY = 10000.0, 0.25  # Qwen3_5MoeTextConfig's defaults
+WRAPPER_TEXT_TYPES = {"kimi_k25": DEEPSEEK_V3_TYPES, "kimi_k3": ("kimi_linear",),
+                      "qwen3_5_moe": ("qwen3_5_moe_text",)}  # first: the default
 
 
 # what transformers' DeepseekV32Config names a DSA layer: "indexed_attention" (5.24), "deepseek_sparse_attention" (5.17)
@@ -172,6 +203,9 @@ class AttentionSpec:
     compress_ratio: source tokens per compressed KV entry (csa 4, hca 128 in DeepSeek-V4).
     index_*: lightning indexer (dsa; csa runs it over compressed entries).
     output_gate: "sigmoid" (Kimi K3 gated MLA), "low_rank" / "full_rank" (KDA output gate).
+    qk_rope_head_dim on gqa: the rotated dims of each head (partial rotary), None when all rotate.
+    gdn: num_heads value heads (one state each) of v_head_dim, num_kv_heads query/key heads of head_dim
+    (num_heads / num_kv_heads value heads share one), conv_kernel the short convolution's taps.
     """
 
     kind: str
@@ -196,6 +230,8 @@ class AttentionSpec:
     output_gate: str | None = None
     conv_kernel: int | None = None
     gate_lower_bound: float | None = None
+    qk_norm: bool = False  # RMSNorm over head_dim on each query and key head before RoPE
+    qkv_bias: bool = False  # biases on q, k, v only (`bias`: on every projection)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
@@ -243,6 +279,7 @@ class ExpertsSpec:
     bias: bool = False
     latent_dim: int | None = None
     latent_norm: bool = False
+    shared_gate: bool = False  # Qwen3.5: the shared expert's output times sigmoid(shared_expert_gate(x)), one per token
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -330,7 +367,8 @@ class CrossLayerSpec:
 
 @dataclass(frozen=True)
 class VisionSpec:
-    """A vision tower feeding placeholder tokens. kind: moonvit (Kimi K2.5) | moonvit3d (Kimi K3)."""
+    """A vision tower feeding placeholder tokens. kind: moonvit (Kimi K2.5) | moonvit3d (Kimi K3) |
+    qwen3_5_vit (Qwen3.5: 3-D patches of temporal_patch_size frames, a learned table of num_positions)."""
 
     kind: str
     num_layers: int
@@ -345,6 +383,8 @@ class VisionSpec:
     norm: str = "layer_norm"
     bias: bool = True
     projector_hidden_size: int | None = None
+    temporal_patch_size: int | None = None
+    num_positions: int | None = None
 
     def to_dict(self) -> dict:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v is not None}
@@ -404,7 +444,7 @@ def load_spec(path_or_config: str | Path | Mapping[str, Any]) -> ModelSpec:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError("model_type", model_type, SUPPORTED_MODEL_TYPES, source)
     quant_cfg = _find_quant_config(cfg) or extra_quant
-    if model_type in ("kimi_k25", "kimi_k3"):
+    if model_type in WRAPPER_TEXT_TYPES:
         return _load_vlm(cfg, model_type, quant_cfg, source)
     return _load_text(cfg, model_type, quant_cfg, source)
 
@@ -453,7 +493,8 @@ def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -
         raise UnsupportedModelError("text_config.model_type", text_type, expected, source)
     text = _load_text(text_cfg, text_type, quant_cfg, source)
     vision_cfg = cfg.get("vision_config") or {}
-    vision = _parse_vision(vision_cfg, model_type, cfg, text.hidden_size) if vision_cfg or model_type == "kimi_k25" else None
+    vision = (_parse_vision(vision_cfg, model_type, cfg, text.hidden_size)
+              if vision_cfg or model_type in ("kimi_k25", "qwen3_5_moe") else None)
     tie = _get(cfg, "tie_word_embeddings", default=text.tie_word_embeddings)
     if model_type == "kimi_k25" and "tie_word_embeddings" not in cfg:
         tie = True  # transformers' Kimi_K25Config default
@@ -470,6 +511,10 @@ def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) 
         spec = _load_deepseek_v4(cfg, quant, source)
     elif model_type == "gpt_oss":
         spec = _load_gpt_oss(cfg, quant, source)
+    elif model_type == "glm4_moe":
+        spec = _load_glm4_moe(cfg, quant, source)
+    elif model_type == "qwen3_5_moe_text":
+        spec = _load_qwen3_5_moe(cfg, quant, source)
     else:
         spec = _load_kimi_linear(cfg, quant, source)
     check_supported(spec, cfg)
@@ -825,6 +870,93 @@ def _load_gpt_oss(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
     )
 
 
+# -- GLM-4.5 / 4.6 / 4.7 ---------------------------------------------------------------------------
+
+
+def rope_fields(cfg: dict, default_theta: float, default_partial: float) -> tuple[dict, float, float]:
+    """(rope parameters, theta, partial rotary factor) as transformers reads them: `rope_parameters`
+    (or `rope_scaling`) first, then the top-level `rope_theta` / `partial_rotary_factor` that released
+    config.json files carry, then the config class's defaults."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = params.get("rope_theta", cfg.get("rope_theta", default_theta))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial))
+    return params, float(theta), float(partial)
+
+
+def _load_glm4_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
+    """GQA (partial rotary, optional QK norm, q/k/v biases) + DeepSeek-V3's MoE: dense first layers, then
+    sigmoid-scored group-limited routing with a correction bias and shared experts."""
+    n = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg.get("head_dim") or hidden // heads)  # a released config field Glm4MoeConfig keeps as is
+    _, theta, partial = rope_fields(cfg, GLM4_ROPE_THETA, GLM4_PARTIAL_ROTARY)
+    attention = AttentionSpec(kind="gqa", num_heads=heads, head_dim=head_dim,
+                              num_kv_heads=int(cfg["num_key_value_heads"] or heads), v_head_dim=head_dim,
+                              qk_rope_head_dim=int(head_dim * partial), qk_norm=bool(cfg["use_qk_norm"]),
+                              qkv_bias=bool(cfg["attention_bias"]))
+    first_dense = min(int(cfg["first_k_dense_replace"] or 0), n)
+    mlp_types = ["dense"] * first_dense + ["sparse"] * (n - first_dense)
+    activation = _activation(cfg, source)
+    experts = None
+    if first_dense < n:
+        top_k = int(cfg["num_experts_per_tok"])
+        routing = _routing_grouped(cfg, "sigmoid", top_k, group_names=("n_group",), correction_bias=True,
+                                   normalize_names=("norm_topk_prob",), default_scale=1.0)
+        inter, n_shared = int(cfg["moe_intermediate_size"]), int(cfg["n_shared_experts"] or 0)
+        experts = ExpertsSpec(num=int(cfg["n_routed_experts"]), top_k=top_k, intermediate_size=inter, input_dim=hidden,
+                              num_shared=n_shared, shared_intermediate_size=inter * n_shared, routing=routing,
+                              format=quant.expert_format)
+    layers = tuple(LayerSpec(i, attention, _mlp(t, activation, int(cfg["intermediate_size"]), experts), quant.dense_format)
+                   for i, t in enumerate(mlp_types))
+    return _plain_text_spec("glm4_moe", cfg, layers, experts, quant, replace(_context(cfg, default_max=131072), rope_theta=theta),
+                            int(cfg["num_nextn_predict_layers"] or 0), source)
+
+
+def _plain_text_spec(model_type: str, cfg: dict, layers: tuple, experts: ExpertsSpec | None, quant: QuantSpec,
+                     context: ContextSpec, mtp_layers: int, source: str) -> ModelSpec:
+    """A text model with plain residuals and no vision tower of its own (GLM-4.x, Qwen3.5's text tower)."""
+    return ModelSpec(model_type=model_type, text_model_type=model_type, vocab_size=int(cfg["vocab_size"]),
+                     hidden_size=int(cfg["hidden_size"]), layers=layers, experts=experts, quant=quant,
+                     cross_layer=CrossLayerSpec(), vision=None, context=context,
+                     tie_word_embeddings=bool(cfg["tie_word_embeddings"]), mtp_layers=mtp_layers, source=source)
+
+
+# -- Qwen3.5-MoE -------------------------------------------------------------------------------------
+
+
+def _load_qwen3_5_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
+    """Gated DeltaNet layers beside gated GQA layers (one in full_attention_interval), every MLP a softmax-
+    routed MoE with a sigmoid-gated shared expert. The MRoPE fields (mrope_section, mrope_interleaved) of
+    rope_parameters place the text, height and width positions of image tokens; a text token has all three
+    equal, and then MRoPE is 1-D RoPE over the rotated dims."""
+    n = int(cfg["num_hidden_layers"])
+    hidden = int(cfg["hidden_size"])
+    interval = int(cfg["full_attention_interval"] or 4)
+    layer_types = cfg.get("layer_types") or ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    _check_mlp_types(list(layer_types), ("linear_attention", "full_attention"), n, source, "layer_types")
+    heads = int(cfg["num_attention_heads"])
+    head_dim = int(cfg["head_dim"] or hidden // heads)
+    _, theta, partial = rope_fields(cfg, QWEN3_5_ROPE_THETA, QWEN3_5_PARTIAL_ROTARY)
+    full = AttentionSpec(kind="gqa", num_heads=heads, head_dim=head_dim, num_kv_heads=int(cfg["num_key_value_heads"] or heads),
+                         v_head_dim=head_dim, qk_rope_head_dim=int(head_dim * partial), qk_norm=True,
+                         output_gate="sigmoid", bias=bool(cfg["attention_bias"]))
+    gdn = AttentionSpec(kind="gdn", num_heads=int(cfg["linear_num_value_heads"]), num_kv_heads=int(cfg["linear_num_key_heads"]),
+                        head_dim=int(cfg["linear_key_head_dim"]), v_head_dim=int(cfg["linear_value_head_dim"]),
+                        conv_kernel=int(cfg["linear_conv_kernel_dim"]), output_gate="full_rank")
+    top_k, shared = int(cfg["num_experts_per_tok"]), int(cfg["shared_expert_intermediate_size"] or 0)
+    experts = ExpertsSpec(num=int(cfg["num_experts"]), top_k=top_k, intermediate_size=int(cfg["moe_intermediate_size"]),
+                          input_dim=hidden, num_shared=1 if shared else 0, shared_intermediate_size=shared,
+                          routing=RoutingSpec("softmax", top_k, normalize=True), format=quant.expert_format,
+                          shared_gate=True)
+    activation = _activation(cfg, source)
+    layers = tuple(LayerSpec(i, full if t == "full_attention" else gdn, _mlp("moe", activation, 0, experts), quant.dense_format)
+                   for i, t in enumerate(layer_types[:n]))
+    return _plain_text_spec("qwen3_5_moe_text", cfg, layers, experts, quant,
+                            replace(_context(cfg, default_max=32768), rope_theta=theta), int(cfg["mtp_num_hidden_layers"] or 0),
+                            source)
+
+
 # -- Kimi Linear (+ Kimi K3 extensions) --------------------------------------------------------
 
 
@@ -907,6 +1039,15 @@ def _load_kimi_linear(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
 def _parse_vision(v: dict, model_type: str, cfg: dict, text_hidden: int) -> VisionSpec:
     """MoonViT (Kimi K2.5, transformers' Kimi_K25VisionConfig names or the remote-code `vt_*` names)
     and MoonViT3d (Kimi K3: RMSNorm, qkv_hidden_size, fixed position embedding, no biases)."""
+    if model_type == "qwen3_5_moe":  # Qwen3_5MoeVisionConfig's names and defaults
+        merge = int(v.get("spatial_merge_size", 2))
+        return VisionSpec(
+            kind="qwen3_5_vit", num_layers=int(v.get("depth", 27)), hidden_size=int(v.get("hidden_size", 1152)),
+            intermediate_size=int(v.get("intermediate_size", 4304)), num_heads=int(v.get("num_heads", 16)),
+            patch_size=int(v.get("patch_size", 16)), merge_kernel=(merge, merge),
+            text_hidden_size=int(v.get("out_hidden_size", 3584)), norm="layer_norm", bias=True,
+            temporal_patch_size=int(v.get("temporal_patch_size", 2)),
+            num_positions=int(v.get("num_position_embeddings", 2304)))
     merge = tuple(v.get("merge_kernel_size") or (2, 2))
     if model_type == "kimi_k3":
         return VisionSpec(

@@ -167,9 +167,56 @@ def _kimi_linear(spec: ModelSpec, cfg: dict) -> None:
         _check_group_routing(check, spec, "num_expert_group", "num_experts")
 
 
+def _gqa(check: _Checker, a, heads_field: str = "num_attention_heads") -> None:
+    """Grouped heads that divide, and a rotated part of at least one pair within head_dim (transformers
+    rotates ceil(d / 2) pairs of d = int(head_dim * partial_rotary_factor): the frequencies' count)."""
+    check.require("num_key_value_heads", a.num_kv_heads > 0 and a.num_heads % a.num_kv_heads == 0,
+                  (f"a divisor of {heads_field}={a.num_heads}",), a.num_kv_heads)
+    rot = a.qk_rope_head_dim
+    check.require("partial_rotary_factor", 0 < rot and 2 * -(-rot // 2) <= a.head_dim,
+                  ("a factor rotating at least one pair within head_dim",), rot / a.head_dim)
+
+
+def _glm4_moe(spec: ModelSpec, cfg: dict) -> None:
+    """glm4_moe (models/glm4_moe.py): bf16 weights as released (GLM-4.5-FP8's compressed-tensors
+    per-channel FP8 with dynamic per-token activations is another format, refused)."""
+    check = _Checker(spec, cfg)
+    q = spec.quant
+    check.require("quantization_config.quant_method", q.method is None, (None,), q.method)
+    check.require("hidden_act", cfg["hidden_act"] == "silu", ("silu",))
+    _gqa(check, spec.layers[0].attention)
+    field, rope = _rope(cfg)
+    check.require(field, _rope_kind(rope) == "default", ("default",), _rope_kind(rope))
+    if spec.experts is not None:
+        _check_group_routing(check, spec, "n_group", "n_routed_experts")
+
+
+def _qwen3_5_moe(spec: ModelSpec, cfg: dict) -> None:
+    """qwen3_5_moe_text, the text tower of qwen3_5_moe (models/qwen3_5_moe.py): bf16 weights as released."""
+    check = _Checker(spec, cfg)
+    q = spec.quant
+    check.require("quantization_config.quant_method", q.method is None, (None,), q.method)
+    check.require("hidden_act", cfg["hidden_act"] == "silu", ("silu",))
+    check.require("shared_expert_intermediate_size", spec.experts.shared_intermediate_size > 0, ("> 0",))
+    check.require("num_experts_per_tok", 1 <= spec.experts.top_k <= spec.experts.num, (f"1 ... num_experts={spec.experts.num}",))
+    # transformers gates every full-attention layer's output (the released configs say attn_output_gate: true)
+    check.require("attn_output_gate", cfg.get("attn_output_gate", True) is True, (True,))
+    field, rope = _rope(cfg)
+    check.require(field, _rope_kind(rope) == "default", ("default",), _rope_kind(rope))
+    for layer in spec.layers:
+        a = layer.attention
+        if a.kind == "gqa":
+            _gqa(check, a)
+        else:
+            check.require("linear_num_value_heads", a.num_heads % a.num_kv_heads == 0,
+                          (f"a multiple of linear_num_key_heads={a.num_kv_heads}",), a.num_heads)
+            check.require("linear_conv_kernel_dim", a.conv_kernel >= 1, (">= 1",), a.conv_kernel)
+
+
 VALIDATORS: dict[str, Callable[[ModelSpec, dict], None]] = {
     "deepseek_v3": _deepseek_v3, "deepseek_v32": _deepseek_v3,
-    "deepseek_v4": _deepseek_v4, "gpt_oss": _gpt_oss, "kimi_linear": _kimi_linear,
+    "deepseek_v4": _deepseek_v4, "gpt_oss": _gpt_oss, "kimi_linear": _kimi_linear, "glm4_moe": _glm4_moe,
+    "qwen3_5_moe_text": _qwen3_5_moe,
 }
 
 

@@ -184,7 +184,8 @@ def test_verify_rejects_bad_arguments(gpt_oss_dir, capsys):
         verify_mod.verify_checkpoint(gpt_oss_dir, reference_ties="random")
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v32", "deepseek_v4", "kimi_linear"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2", "deepseek_v32", "deepseek_v4", "kimi_linear", "glm4_moe",
+                                    "qwen3_5_moe"])
 def test_verify_passes_on_every_deepseek_family(family, tmp_path, capsys):
     from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
     from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
@@ -197,13 +198,21 @@ def test_verify_passes_on_every_deepseek_family(family, tmp_path, capsys):
         from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
 
         path, prompt_len = build_kimi_linear_checkpoint(tmp_path), "70"  # past one KDA chunk (64)
+    elif family == "glm4_moe":
+        from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
+
+        path, prompt_len = build_glm4_moe_checkpoint(tmp_path, seed=5), "24"
+    elif family == "qwen3_5_moe":
+        from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
+
+        path, prompt_len = build_qwen3_5_moe_checkpoint(tmp_path, seed=3, model_type="qwen3_5_moe_text"), "66"
     else:
         path, prompt_len = build_deepseek_v3_checkpoint(tmp_path, model_type=family), "12"
     rc = main(["verify", str(path), "--json", "--prompt-len", prompt_len, "--decode-steps", "3"])
     out, err = capsys.readouterr()
     result = json.loads(out)
     assert rc == 0, err
-    assert result["model_type"] == family
+    assert result["model_type"] == ("qwen3_5_moe_text" if family == "qwen3_5_moe" else family)
     assert result["tokens_match"] and result["max_rel_err"] <= 1e-4
 
 

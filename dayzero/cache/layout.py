@@ -13,6 +13,8 @@ that both the engine's storage (dayzero/cache/paged.py) and the memory plan (day
                   [index_head_dim] and "index_{pending,prev}_{kv,gate}" [ratio, 2 x index_head_dim]
       kda         states "conv_q", "conv_k", "conv_v" [heads x head_dim, conv_kernel - 1] and
                   "recurrent" float32 [heads, head_dim, head_dim]
+      gdn         states "conv" [2 x qk heads x head_dim + heads x v_head_dim, conv_kernel - 1] and
+                  "recurrent" float32 [heads, head_dim, v_head_dim]
   Streams and states are in the model's dtype unless noted. `probe_layout` (dayzero/cache/paged.py)
   records what a loaded model really writes; `checked_layout` there checks the two agree, for the
   engine and every LocalCache.
@@ -204,6 +206,9 @@ def layer_layout(layer: int, a: AttentionSpec, dtype: torch.dtype) -> CacheLayou
         for name in ("conv_q", "conv_k", "conv_v"):
             state(name, proj, a.conv_kernel - 1)
         state("recurrent", a.num_heads, a.head_dim, a.head_dim, state_dtype=torch.float32)
+    elif a.kind == "gdn":  # one convolution over q | k | v; the state per value head
+        state("conv", 2 * a.num_kv_heads * a.head_dim + a.num_heads * a.v_head_dim, a.conv_kernel - 1)
+        state("recurrent", a.num_heads, a.head_dim, a.v_head_dim, state_dtype=torch.float32)
     else:
         raise ValueError(f"layer {layer}: no cache layout for attention kind {a.kind!r}")
     return CacheLayout(streams, states)

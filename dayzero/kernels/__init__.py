@@ -8,6 +8,7 @@ registry (dayzero/ops/registry.py) beside the reference ops, for CUDA.
     routing/  top-k routing for every routing op (softmax, sigmoid + bias + group limit, sqrtsoftplus, hash)
     dsa/      DeepSeek Sparse Attention: the paged lightning indexer and its top-k (paged_index_topk)
     kda/      KDA (kda_chunk, kda_recurrent) through fla-core where it is installed (backend "fla")
+    gdn/      Gated DeltaNet (gdn_chunk, gdn_recurrent and their varlen / slot forms) through fla-core (backend "fla")
     hc/       DeepSeek-V4's hyper-connections (hyper_connection, hyper_connection_post), one launch each
     v4/       DeepSeek-V4 attention: the compressor (kv_compressor) in one launch
     linear/   dense projections with FP8 block-scaled weights (linear_fp8_block)
@@ -16,4 +17,4 @@ launch), checks.py (argument checks, `supports` predicates). Importing registers
 importing Triton (that happens at a kernel's first call). See docs/kernels.md.
 """
 
-from dayzero.kernels import attention, dsa, hc, kda, linear, moe, routing, token, v4  # noqa: F401  (register their kernels)
+from dayzero.kernels import attention, dsa, gdn, hc, kda, linear, moe, routing, token, v4  # noqa: F401  (register their kernels)

@@ -1,7 +1,8 @@
 """Facts about the machine that never change while the process runs, looked up once: a CUDA device's
 compute capability and SM count (torch.cuda.get_device_capability and get_device_properties cost a few
 microseconds each, and an eager MoE layer asked for them seven times per call: tools/profile_moe_host.py),
-whether Triton and a CUDA device exist, and whether Triton runs kernels in its CPU interpreter."""
+whether Triton and a CUDA device exist, whether an optional kernel library imports there (fla-core), and
+whether Triton runs kernels in its CPU interpreter."""
 
 from __future__ import annotations
 
@@ -51,3 +52,16 @@ def interpreted() -> bool:
     import triton
 
     return bool(triton.knobs.runtime.interpret)
+
+
+@functools.cache
+def cuda_library(module: str, *names: str) -> bool:
+    """Whether a CUDA device exists and `from module import names` works (an optional kernel library such
+    as fla-core: not installed, or built for another Triton / torch, reads as unavailable)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        imported = importlib.import_module(module)
+        return all(hasattr(imported, name) for name in names)
+    except Exception:
+        return False

@@ -18,7 +18,7 @@ from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec, resolve_co
 from dayzero.startup import StartupTimer
 
 # model file (module under dayzero.models) for each family; the module registers its classes on import
-FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear")
+FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear", "glm4_moe", "qwen3_5_moe")
 
 MODELS: dict[str, type[CausalLM]] = {}
 

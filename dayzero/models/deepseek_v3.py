@@ -30,9 +30,8 @@ from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
-from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, lm_logits, pre_norm_residuals
 from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts
-from dayzero.parallel import comm
 from dayzero.parallel.state import current
 from dayzero.models.rotary import rope_from_config, yarn_mscale
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -57,7 +56,7 @@ LAYOUTS = (
 )
 
 
-class _Formats:
+class LinearFormats:
     """Which Linear modules are FP8 (checkpoint names, quantization_config.modules_to_not_convert)."""
 
     def __init__(self, spec: ModelSpec, config: dict):
@@ -69,7 +68,7 @@ class _Formats:
         return "bf16" if any(s and s in name for s in self.skip) else self.dense
 
 
-def _linear(fmts: _Formats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False,
+def _linear(fmts: LinearFormats, name: str, n_in: int, n_out: int, dtype, device, bias: bool = False,
             split: str | None = None) -> Linear:
     """split: "column" (output features over the tensor-parallel ranks), "row" (input features), or None
     (every rank holds it whole)."""
@@ -91,7 +90,7 @@ def _dequantized(linear: Linear, dtype: torch.dtype) -> torch.Tensor:
 class Indexer(nn.Module):
     """DSA lightning indexer: checkpoint names `self_attn.indexer.{wq_b, wk, k_norm, weights_proj}`."""
 
-    def __init__(self, a: AttentionSpec, hidden: int, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, fmts: LinearFormats, prefix: str, dtype, device):
         super().__init__()
         q_rank = a.q_lora_rank
         self.heads, self.head_dim, self.rope_dim, self.topk = a.index_n_heads, a.index_head_dim, a.qk_rope_head_dim, a.index_topk
@@ -121,7 +120,7 @@ class Indexer(nn.Module):
 
 
 class MLAttention(nn.Module):
-    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, a: AttentionSpec, hidden: int, config: dict, fmts: LinearFormats, prefix: str, dtype, device):
         super().__init__()
         dsa = a.kind == "dsa"
         heads = a.num_heads  # the model's; a tensor-parallel rank holds heads / tp of them (q, kv_b, o split)
@@ -191,7 +190,7 @@ def _softmax_mscale(config: dict) -> float:
 class MLP(nn.Module):
     """SwiGLU: down_proj(silu(gate_proj(x)) * up_proj(x)); the dense MLP and the shared experts."""
 
-    def __init__(self, fmts: _Formats, prefix: str, hidden: int, inter: int, dtype, device):
+    def __init__(self, fmts: LinearFormats, prefix: str, hidden: int, inter: int, dtype, device):
         """The intermediate features split over the tensor-parallel ranks (gate, up by rows, down by columns)."""
         super().__init__()
         self.gate_proj = _linear(fmts, prefix + "gate_proj", hidden, inter, dtype, device, split="column")
@@ -243,7 +242,7 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    def __init__(self, spec: ModelSpec, fmts: _Formats, prefix: str, dtype, device):
+    def __init__(self, spec: ModelSpec, fmts: LinearFormats, prefix: str, dtype, device):
         super().__init__()
         e = spec.experts
         self.routing = e.routing
@@ -267,13 +266,18 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, spec: ModelSpec, config: dict, fmts: _Formats, index: int, dtype, device):
+    """attention_class: MLAttention, or another attention built with the same arguments (GLM-4.x's GQA)."""
+
+    attention_class = MLAttention
+
+    def __init__(self, spec: ModelSpec, config: dict, fmts: LinearFormats, index: int, dtype, device):
         super().__init__()
         prefix = f"model.layers.{index}."
         eps = float(config["rms_norm_eps"])
         layer = spec.layers[index]
         self.input_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
-        self.self_attn = MLAttention(layer.attention, spec.hidden_size, config, fmts, prefix + "self_attn.", dtype, device)
+        self.self_attn = self.attention_class(layer.attention, spec.hidden_size, config, fmts, prefix + "self_attn.",
+                                              dtype, device)
         self.post_attention_layernorm = RMSNorm(spec.hidden_size, eps, dtype, device)
         if layer.mlp.kind == "moe":
             self.mlp = MoE(spec, fmts, prefix + "mlp.", dtype, device)
@@ -288,26 +292,34 @@ class DecoderLayer(nn.Module):
 
 @register_model
 class DeepseekV3ForCausalLM(CausalLM):
+    """Also the base of a family that is DeepSeek-V3's model with another attention (GLM-4.x): it sets
+    `decoder_layer` (built as DecoderLayer is) and `make_rope`."""
+
     model_types = ("deepseek_v3", "kimi_k2")
     tensor_parallel = True  # MLA heads (q, kv_b, o), dense and shared MLPs, vocabulary; latent cache and indexer whole
     expert_parallel = True
+    decoder_layer = DecoderLayer
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
         config = self.config
-        fmts = _Formats(spec, config)
-        rope = config.get("rope_parameters") or config.get("rope_scaling")
-        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
-        self.rope = rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])
+        fmts = LinearFormats(spec, config)
+        self.rope = self.make_rope(spec, config)
         self.model = nn.Module()
         self.model.embed_tokens = VocabEmbedding(spec.vocab_size, spec.hidden_size, dtype, device)
         self.model.layers = nn.ModuleList(
-            DecoderLayer(spec, config, fmts, i, dtype, device) for i in range(spec.num_layers)
+            self.decoder_layer(spec, config, fmts, i, dtype, device) for i in range(spec.num_layers)
         )
         self.model.norm = RMSNorm(spec.hidden_size, float(config["rms_norm_eps"]), dtype, device)
         if not spec.tie_word_embeddings:
             self.lm_head = ColumnLinear(spec.hidden_size, spec.vocab_size, gather=True, name="lm_head (vocab_size)",
                                         dtype=dtype, device=device)
+
+    @staticmethod
+    def make_rope(spec: ModelSpec, config: dict):
+        rope = config.get("rope_parameters") or config.get("rope_scaling")
+        theta = float(config.get("rope_theta") or (rope or {}).get("rope_theta") or DEEPSEEK_ROPE_THETA)
+        return rope_from_config(rope, spec.layers[0].attention.qk_rope_head_dim, theta, config["max_position_embeddings"])
 
     def layouts(self) -> tuple[Layout, ...]:
         return LAYOUTS
@@ -340,11 +352,8 @@ class DeepseekV3ForCausalLM(CausalLM):
         cos, sin = self.rope.cos_sin(positions)
         x = self.model.embed_tokens(input_ids)
         x = pre_norm_residuals(x, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(cos, sin, c)])
-        if cache.logits_indices is not None:
-            x = x[cache.logits_indices]
-        x = self.model.norm(x)
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return comm.all_gather(ops.linear(x, head), dim=-1).float()  # a tensor-parallel rank's vocabulary
+        return lm_logits(x, cache, self.model.norm, head)
 
 
 @register_model

@@ -65,7 +65,7 @@ from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
 from dayzero.models.k3_parts import (AttentionResidual, AttentionResidualState, CompressedTensorsMxfp4Experts, LatentMoE,
                                      MLAOutputGate)
-from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, pre_norm_residuals
+from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, decode_and_prompt_segments, pre_norm_residuals
 from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts, shard_target
 from dayzero.parallel import comm
 from dayzero.parallel.state import current
@@ -202,7 +202,7 @@ class DeltaAttention(nn.Module):
         outs, new_states = [], [[] for _ in names]
         seqs = cache.seqs
         convs = ((self.q_conv1d, q), (self.k_conv1d, k), (self.v_conv1d, v))
-        for first, end, decodes in _segments(seqs.runs):  # decodes: [B, 1]; prompt chunks: packed varlen
+        for first, end, decodes in decode_and_prompt_segments(seqs.runs):  # decodes: [B, 1]; prompt chunks: packed varlen
             qs = seqs.query_start_host
             rows = slice(qs[first], qs[end])
             part = [None if s is None else s[first:end] for s in states]
@@ -233,18 +233,6 @@ class DeltaAttention(nn.Module):
         out = ops.gated_rms_norm(o, gate, self.o_norm.weight, self.eps)
         return self.o_proj(out.reshape(n, -1))
 
-
-
-def _segments(runs) -> list[tuple[int, int, bool]]:
-    """(first, end, decodes) of consecutive runs (SeqBatch.runs): decodes (one token each) or prompt chunks
-    of any lengths together, so that a step's prompts take one varlen KDA call."""
-    out: list[tuple[int, int, bool]] = []
-    for first, end, t in runs:
-        if out and out[-1][2] == (t == 1):
-            out[-1] = (out[-1][0], end, t == 1)
-        else:
-            out.append((first, end, t == 1))
-    return out
 
 
 class MLAttention(nn.Module):

@@ -9,6 +9,7 @@ from torch import nn
 
 from dayzero import ops
 from dayzero.models.base import empty_param
+from dayzero.parallel import comm
 
 
 class Linear(nn.Module):
@@ -87,3 +88,24 @@ class BiasedRouter(nn.Module):
         super().__init__()
         self.weight = empty_param((num_experts, hidden), torch.float32, device)
         self.e_score_correction_bias = empty_param((num_experts,), torch.float32, device)
+
+
+def decode_and_prompt_segments(runs) -> list[tuple[int, int, bool]]:
+    """(first, end, decodes) of consecutive runs of a step's sequences (SeqBatch.runs): decodes (one token
+    each) or prompt chunks of any lengths together, so that a linear-attention layer (KDA, Gated DeltaNet)
+    runs a step's decodes as one [B, 1] recurrent call and its prompts as one packed varlen chunk call."""
+    out: list[tuple[int, int, bool]] = []
+    for first, end, t in runs:
+        if out and out[-1][2] == (t == 1):
+            out[-1] = (out[-1][0], end, t == 1)
+        else:
+            out.append((first, end, t == 1))
+    return out
+
+
+def lm_logits(x: torch.Tensor, cache, norm: nn.Module, head: torch.Tensor) -> torch.Tensor:
+    """A packed step's logits, float32 [R, vocab]: the rows the step returns (cache.logits_indices, every
+    row when None), the final norm, the LM head (a tensor-parallel rank's vocabulary gathered)."""
+    if cache.logits_indices is not None:
+        x = x[cache.logits_indices]
+    return comm.all_gather(ops.linear(norm(x), head), dim=-1).float()

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dayzero import ops
+
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
@@ -80,3 +82,12 @@ def rope_from_config(params: dict | None, dim: int, theta: float, max_position_e
         mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
         scaling = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all else yarn_mscale(factor)
     return Rope(inv_freq, float(scaling))
+
+
+def rotate_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D] with its first 2 * cos.shape[-1] dims rotated in half-split pairs (ops.rope), the rest as
+    is: partial rotary (GLM-4.x, Qwen3.5) when the table covers fewer than D / 2 frequencies."""
+    rot = 2 * cos.shape[-1]
+    if rot == x.shape[-1]:
+        return ops.rope(x, cos, sin, interleaved=False)
+    return torch.cat((ops.rope(x[..., :rot], cos, sin, interleaved=False), x[..., rot:]), dim=-1)

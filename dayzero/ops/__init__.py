@@ -26,6 +26,7 @@ from dayzero.ops.attention_v4_paged import paged_v4_attention, paged_v4_index_to
 from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 from dayzero.ops.kda import (gated_rms_norm, kda_chunk, kda_chunk_varlen, kda_gate, kda_recurrent, kda_recurrent_slots,
                              short_conv1d, short_conv1d_varlen)
+from dayzero.ops.gdn import gdn_chunk, gdn_chunk_varlen, gdn_recurrent, gdn_recurrent_slots
 from dayzero.ops.k3 import attention_residual, situ
 import dayzero.kernels  # noqa: E402,F401  (registers the Triton kernels; imports Triton only at their first call)
 

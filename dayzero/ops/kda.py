@@ -268,15 +268,22 @@ def kda_chunk_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return o
 
 
+GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
+
+
 @reference_op("gated_rms_norm")
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm(x) * weight * sigmoid(gate) over the last dim, all in float32 (the weight is not cast
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                   activation: str = "sigmoid") -> torch.Tensor:
+    """RMSNorm(x) * weight * act(gate) over the last dim, all in float32 (the weight is not cast
     down first, as FLA's FusedRMSNormGated), returned in x.dtype.
 
-    x, gate [..., d]; weight [d] (KDA: `o_norm.weight`, one per head channel, shared by heads)."""
+    x, gate [..., d]; weight [d] (KDA: `o_norm.weight`, one per head channel, shared by heads).
+    activation: "sigmoid" (KDA) or "silu" (Gated DeltaNet's output gate, Qwen3.5)."""
     if gate.shape != x.shape or weight.shape != x.shape[-1:]:
         raise ValueError(f"gated_rms_norm: gate {tuple(gate.shape)} must equal x {tuple(x.shape)} and weight "
                          f"{tuple(weight.shape)} be [{x.shape[-1]}]")
+    if activation not in GATE_ACTIVATIONS:
+        raise ValueError(f"gated_rms_norm: activation must be one of {', '.join(GATE_ACTIVATIONS)}, got {activation!r}")
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * weight.float() * torch.sigmoid(gate.float())).to(x.dtype)
+    return (normed * weight.float() * GATE_ACTIVATIONS[activation](gate.float())).to(x.dtype)

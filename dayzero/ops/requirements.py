@@ -42,7 +42,11 @@ KDA_CHUNK_VARLEN = "kda_chunk_varlen"  # a step's prompt chunks packed, states i
 SHORT_CONV1D_VARLEN = "short_conv1d_varlen"
 KDA_RECURRENT = "kda_recurrent"  # decode of [B, T] states (kda_recurrent_slots is what the models call)
 KDA_RECURRENT_SLOTS = "kda_recurrent_slots"  # decode, states updated in their pool
-KDA_GATE = "kda_gate"  # per-channel log decay from the raw forget gate (plain or lower-bounded)
+KDA_GATE = "kda_gate"  # per-channel log decay from the raw forget gate (plain or lower-bounded); GDN's per head
+GDN_CHUNK = "gdn_chunk"  # Gated DeltaNet prefill of [B, T] blocks
+GDN_CHUNK_VARLEN = "gdn_chunk_varlen"  # a step's prompt chunks packed, states in their slots (what models call)
+GDN_RECURRENT = "gdn_recurrent"  # decode of [B, T] states
+GDN_RECURRENT_SLOTS = "gdn_recurrent_slots"  # decode, states updated in their pool (what models call)
 # MoE
 ROUTE_SOFTMAX_TOPK = "route_softmax_topk"
 ROUTE_SIGMOID_GROUPED = "route_sigmoid_grouped"
@@ -67,6 +71,7 @@ ALL_OPS = (
     MLA_ATTENTION, GQA_ATTENTION, INDEX_TOPK, SPARSE_MLA_ATTENTION, KV_COMPRESSOR,
     SPARSE_ATTENTION, V4_INDEXER, V4_TOPK_SELECT, V4_INDEX_TOPK, PAGED_V4_INDEX_TOPK, PAGED_V4_ATTENTION,
     SHORT_CONV1D, SHORT_CONV1D_VARLEN, KDA_GATE, KDA_CHUNK, KDA_CHUNK_VARLEN, KDA_RECURRENT, KDA_RECURRENT_SLOTS,
+    GDN_CHUNK, GDN_CHUNK_VARLEN, GDN_RECURRENT, GDN_RECURRENT_SLOTS,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
     SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_ENCODER,
@@ -98,8 +103,10 @@ def _attention_ops(layer: LayerSpec) -> list[str]:
         if a.kind == "csa":
             ops += [V4_INDEX_TOPK, PAGED_V4_INDEX_TOPK]
         ops += [SPARSE_ATTENTION, PAGED_V4_ATTENTION]
-    elif a.kind in ("swa", "gqa"):
-        ops += [ROPE_KV_WRITE, GQA_ATTENTION]
+    elif a.kind in ("swa", "gqa"):  # partial rotary: q and k rotated first, then appended (no fused write)
+        ops += [ROPE_KV_WRITE, GQA_ATTENTION] if a.qk_rope_head_dim is None else [ROPE, GQA_ATTENTION]
+    elif a.kind == "gdn":  # the gate is kda_gate's with one channel a head
+        ops += [SHORT_CONV1D, SHORT_CONV1D_VARLEN, KDA_GATE, GDN_CHUNK_VARLEN, GDN_RECURRENT_SLOTS, GATED_RMS_NORM]
     else:  # kda
         ops += [SHORT_CONV1D, SHORT_CONV1D_VARLEN, KDA_GATE, KDA_CHUNK_VARLEN, KDA_RECURRENT_SLOTS, GATED_RMS_NORM]
     return ops

@@ -12,9 +12,11 @@ from dayzero.cache.paged import PagedKVStorage, checked_layout, probe_layout
 from dayzero.plan import GIB, KV_DTYPES, cache_totals, memory_plan
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
+from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
 
 _rng = random.Random(25)
 BUILDERS = {
@@ -27,6 +29,8 @@ BUILDERS = {
     "gpt_oss": build_gpt_oss_checkpoint,
     "kimi_linear": build_kimi_linear_checkpoint,
     "kimi_k3": build_kimi_k3_checkpoint,
+    "glm4_moe": build_glm4_moe_checkpoint,
+    "qwen3_5_moe": build_qwen3_5_moe_checkpoint,
 }
 
 
@@ -52,6 +56,8 @@ def test_the_spec_layout_is_what_the_model_writes(model):
         assert kinds == {"kv_latent", "k_pe", "index_k"}
     if t == "gpt_oss":
         assert probed.windows == (None, model.config["sliding_window"]) and not probed.states
+    if t == "qwen3_5_moe":  # full attention streams K and V, Gated DeltaNet layers keep conv + recurrent states
+        assert kinds == {"k", "v", "conv", "recurrent"} and probed.windows == (None,)
     if t == "kimi_linear":  # MLA layers stream their latents, KDA layers keep conv + recurrent states
         assert kinds == {"kv_latent", "k_pe", "conv_q", "conv_k", "conv_v", "recurrent"}
     if t == "deepseek_v4":

@@ -16,9 +16,13 @@ from dayzero.engine import SamplingParams
 from dayzero.engine.graphs import DecodeGraphs, graph_buckets
 from dayzero.engine.llm import LLM
 from tests.engine.test_llm import FAMILIES, _assert_pool_free, _prompts
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
+from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
 
-CASES = {**{k: v[0] for k, v in FAMILIES.items()}, "kimi_k3": build_kimi_k3_checkpoint}
+CASES = {**{k: v[0] for k, v in FAMILIES.items()}, "kimi_k3": build_kimi_k3_checkpoint,
+         "qwen3_5_moe": build_qwen3_5_moe_checkpoint}
+CUDA_CASES = {**CASES, "glm4_moe": build_glm4_moe_checkpoint}  # on the CPU GLM's static step is gpt-oss's GQA path
 PARAMS = SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True, logprobs=2)
 
 
@@ -312,12 +316,12 @@ MUST_CAPTURE = {"deepseek_v3", "deepseek_v32", "gpt_oss"}
 
 
 @cuda
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", sorted(CUDA_CASES))
 def test_every_graph_replay_gives_the_eager_steps_logits_on_cuda(name, tmp_path, caplog):
     """bf16: each decode step's logits from the graph against the same step run eagerly right after;
     batches of 5 (bucket 6, one padding row) then 3 (bucket 4). A model whose capture fails runs
     eagerly and the log says why."""
-    path = CASES[name](tmp_path)
+    path = CUDA_CASES[name](tmp_path)
     kwargs = dict(dtype="bfloat16", device="cuda", max_num_seqs=6, max_model_len=128)  # DSA: past index_topk 8
     with caplog.at_level("INFO", logger="dayzero"):
         llm = LLM(path, **kwargs)

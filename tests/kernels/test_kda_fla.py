@@ -14,6 +14,7 @@ from dayzero import ops
 from dayzero.kernels.kda import fla_available, supports_kda
 from dayzero.ops.registry import REGISTRY
 from tests.kernels.conftest import cuda
+from tests.kernels.fla_checks import assert_fla_matches_reference, assert_fla_slots_match_reference
 
 
 def _inputs(seed, b, t, h, dk, dv, dtype, device, with_state):
@@ -52,18 +53,9 @@ def test_registered_for_cuda_and_the_reference_runs_on_the_cpu():
 @pytest.mark.parametrize("with_state", [False, True])
 def test_fla_matches_the_reference(dtype, with_state):
     rng = random.Random(int(with_state) + 2 * (dtype == torch.float16))
-    tol = 3e-2
     for name, t in (("kda_chunk", rng.choice((65, 200, 1000))), ("kda_recurrent", 1)):
         args = _inputs(rng.randint(0, 99), rng.choice((1, 3)), t, 32, 128, 128, dtype, "cuda", with_state)
-        with REGISTRY.force_backend("reference"):
-            o_ref, s_ref = getattr(ops, name)(*args)
-        with REGISTRY.record_calls(by_backend=True) as calls:
-            o, s = getattr(ops, name)(*args)
-        assert calls == {f"{name}@fla": 1}
-        assert o.dtype == dtype and s.dtype == torch.float32 and s.shape == s_ref.shape
-        for got, want in ((o, o_ref), (s, s_ref)):
-            err = ((got.float() - want.float()).norm() / want.float().norm()).item()
-            assert err < tol, f"{name}: relative error {err:.2e}"
+        assert_fla_matches_reference(name, args)
 
 
 @cuda
@@ -76,18 +68,7 @@ def test_fla_decode_updates_the_pool_in_place(batch):
     gen = torch.Generator(device="cuda").manual_seed(batch)
     pool = torch.randn(2 * batch + 3, 32, 128, 128, generator=gen, device="cuda") * 0.1
     slots = torch.randperm(pool.shape[0], generator=gen, device="cuda")[:batch]
-    want_pool = pool.clone()
-    with REGISTRY.force_backend("reference"):
-        want = ops.kda_recurrent_slots(q, k, v, g, beta, want_pool, slots)
-    with REGISTRY.record_calls(by_backend=True) as calls:
-        got = ops.kda_recurrent_slots(q, k, v, g, beta, pool, slots)
-    assert calls == {"kda_recurrent_slots@fla": 1}
-    for a, b in ((got, want), (pool[slots], want_pool[slots])):
-        err = ((a.float() - b.float()).norm() / b.float().norm()).item()
-        assert err < 3e-2, f"relative error {err:.2e}"
-    others = torch.ones(pool.shape[0], dtype=torch.bool, device="cuda")
-    others[slots] = False
-    assert torch.equal(pool[others], want_pool[others])
+    assert_fla_slots_match_reference("kda_recurrent_slots", (q, k, v, g, beta), pool, slots)
 
 
 @cuda
@@ -105,11 +86,4 @@ def test_fla_varlen_prompts_match_the_reference_and_their_slots(seed):
     slots = torch.randperm(pool.shape[0])[:len(lengths)].cuda()
     host = tuple(torch.tensor([0] + lengths).cumsum(0).tolist())
     starts = torch.tensor(host, dtype=torch.int32, device="cuda")
-    want_pool = pool.clone()
-    with REGISTRY.force_backend("reference"):
-        want = ops.kda_chunk_varlen(q, k, v, g, beta, starts, host, want_pool, slots)
-    with REGISTRY.record_calls(by_backend=True) as calls:
-        got = ops.kda_chunk_varlen(q, k, v, g, beta, starts, host, pool, slots)
-    assert calls == {"kda_chunk_varlen@fla": 1}
-    assert (got.float() - want.float()).abs().max() / want.float().abs().max() <= 2e-2
-    assert (pool - want_pool).abs().max() / want_pool.abs().max() <= 2e-2
+    assert_fla_slots_match_reference("kda_chunk_varlen", (q, k, v, g, beta, starts, host), pool, slots, 2e-2)

@@ -49,7 +49,7 @@ V32_DIMS = dict(index_n_heads=8, index_head_dim=64, index_topk=8)
 _NOT_QUANTIZED = re.compile(r"(embed_tokens|lm_head|mlp\.gate\.weight|indexer\.weights_proj|norm)")
 
 
-def _redraw(state: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
+def redraw(state: dict[str, torch.Tensor], generator: torch.Generator) -> dict[str, torch.Tensor]:
     """Fresh values at realistic scales: matrices ~ N(0, 1/fan_in), embeddings N(0, 1), norm weights
     1 + N(0, 0.1^2), biases N(0, 0.1^2), router correction biases U(0, 0.2)."""
     out = {}
@@ -82,7 +82,7 @@ def _real_layout(state: dict[str, torch.Tensor], fp8: bool, scale_format: str) -
     return out
 
 
-def _mtp_layer(state: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+def mtp_layer(state: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
     """A stand-in for the real multi-token-prediction layer model.layers.{n}: a copy of the last layer
     plus its extra heads (enorm, hnorm, eh_proj, shared_head)."""
     last = f"model.layers.{n - 1}."
@@ -104,14 +104,14 @@ def _build(out_dir: Path, hf_type: str, dims: dict, rope: dict, rope_theta: floa
     cfg = AutoConfig.for_model(hf_type, rope_scaling=dict(rope), rope_theta=rope_theta, **dims)
     with torch.random.fork_rng():  # transformers' init draws from the global generator; every value is redrawn below
         AutoModelForCausalLM.from_config(cfg).save_pretrained(out_dir)
-    state = _redraw(load_file(out_dir / "model.safetensors"), torch.Generator().manual_seed(seed))
+    state = redraw(load_file(out_dir / "model.safetensors"), torch.Generator().manual_seed(seed))
     if fp8:
         state = _real_layout(state, fp8, "ue8m0" if scale_fmt == "ue8m0" else "float32")
     else:
         state = {k: (v if k.endswith("e_score_correction_bias") else v.to(torch.bfloat16)) for k, v in state.items()}
     n = dims["num_hidden_layers"]
     if mtp:
-        state.update(_mtp_layer(state, n))
+        state.update(mtp_layer(state, n))
     save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
 
     config = json.loads((out_dir / "config.json").read_text())

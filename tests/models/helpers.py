@@ -6,8 +6,9 @@ from dayzero.verify import rel_err  # max |ours - theirs| / max |theirs|
 
 GENERATE = 32  # greedy tokens compared against transformers
 
-__all__ = ["GENERATE", "assert_greedy_matches_transformers", "assert_logits_match_transformers", "assert_refused",
-           "greedy", "positions", "random_prompt", "rel_err"]
+__all__ = ["GENERATE", "assert_bf16_close_and_planned", "assert_greedy_matches_transformers",
+           "assert_logits_match_transformers", "assert_refused", "greedy", "positions", "random_prompt", "rel_err",
+           "save_bf16"]
 
 
 def random_prompt(batch: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -73,3 +74,36 @@ def assert_refused(tmp_path, config: dict, field: str) -> None:
         with pytest.raises(UnsupportedModelError) as info:
             attempt(tmp_path)
         assert info.value.field == field, str(info.value)
+
+
+def save_bf16(model, out, state: dict, *, original_format: bool, float32: tuple[str, ...] = (), extra=None) -> None:
+    """transformers' `model` with its weights set to `state`, saved (original_format: save_pretrained's default
+    names, else its in-memory ones), then rewritten bf16 as released checkpoints ship, the tensors whose names
+    end in `float32` kept float32, plus extra(tensors) (e.g. an MTP layer the model must skip)."""
+    from safetensors.torch import load_file, save_file
+
+    with torch.no_grad():
+        for name, p in model.state_dict().items():
+            p.copy_(state[name])
+    model.save_pretrained(out, save_original_format=original_format)
+    tensors = {name: t.float() if name.endswith(float32) else t.to(torch.bfloat16)
+               for name, t in load_file(out / "model.safetensors").items()}
+    tensors.update(extra(tensors) if extra is not None else {})
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+
+
+def assert_bf16_close_and_planned(checkpoint, length: int, vocab: int) -> None:
+    """The bf16 model stays within bf16 rounding of the float32 one at most positions (a routing decision may
+    flip now and then), and holds exactly the weight bytes `dayzero inspect` plans per GPU (rank_weights)."""
+    from dayzero.models import load_model
+    from dayzero.parallel.state import Parallel
+    from dayzero.rank_weights import rank_weights
+
+    ids = random_prompt(1, length, vocab)
+    ours16, ours32 = (load_model(checkpoint, dtype=d, progress=False) for d in (torch.bfloat16, torch.float32))
+    with torch.no_grad():
+        got, want = ours16(ids, positions(ids)), ours32(ids, positions(ids))
+    per_position = (got - want).abs().amax(-1) / want.abs().amax(-1)
+    assert float(per_position.median()) <= 3e-2
+    held = sum(t.numel() * t.element_size() for t in [*ours16.parameters(), *ours16.buffers()])
+    assert rank_weights(ours16.spec, Parallel()).total == held

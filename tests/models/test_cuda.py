@@ -7,8 +7,10 @@ import torch
 from dayzero.verify import verify_checkpoint
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
+from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -18,6 +20,8 @@ CASES = {  # family: (builder, prompt length past its windows / top-k / chunk si
     "deepseek_v4": (build_deepseek_v4_checkpoint, 300),
     "gpt_oss": (build_gpt_oss_checkpoint, 40),
     "kimi_linear": (build_kimi_linear_checkpoint, 150),
+    "glm4_moe": (build_glm4_moe_checkpoint, 40),
+    "qwen3_5_moe": (build_qwen3_5_moe_checkpoint, 150),  # past two Gated DeltaNet chunks
 }
 
 

@@ -10,8 +10,10 @@ from dayzero.ops import requirements as req
 from dayzero.ops.requirements import model_ops
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
+from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
 
 BUILDERS = {
     "deepseek_v3": build_deepseek_v3_checkpoint,
@@ -19,6 +21,9 @@ BUILDERS = {
     "deepseek_v4": build_deepseek_v4_checkpoint,
     "gpt_oss": build_gpt_oss_checkpoint,
     "kimi_linear": build_kimi_linear_checkpoint,
+    "glm4_moe": build_glm4_moe_checkpoint,
+    # the text tower alone: a qwen3_5_moe checkpoint also declares its (not yet built) vision encoder
+    "qwen3_5_moe": lambda d: build_qwen3_5_moe_checkpoint(d, model_type="qwen3_5_moe_text"),
 }
 # activations applied inside the routed-experts op (a kernel fuses them) are declared but not called directly
 FUSED_INTO_EXPERTS = {req.SWIGLU, req.SWIGLU_CLAMPED}

@@ -17,9 +17,11 @@ from dayzero.startup import StartupTimer
 from dayzero.weights import Checkpoint, CorruptCheckpointError, iter_tensors, match_layout
 from tests.models.deepseek_checkpoints import build_deepseek_v3_checkpoint, build_deepseek_v32_checkpoint
 from tests.models.deepseek_v4_checkpoints import build_deepseek_v4_checkpoint
+from tests.models.glm4_moe_checkpoints import build_glm4_moe_checkpoint
 from tests.models.gpt_oss_checkpoints import build_gpt_oss_checkpoint
 from tests.models.kimi_k3_checkpoints import build_kimi_k3_checkpoint
 from tests.models.kimi_linear_checkpoints import build_kimi_linear_checkpoint
+from tests.models.qwen3_5_moe_checkpoints import build_qwen3_5_moe_checkpoint
 
 CHECKPOINTS = {
     "gpt_oss-mxfp4": lambda d: build_gpt_oss_checkpoint(d),
@@ -32,6 +34,8 @@ CHECKPOINTS = {
     "deepseek_v4-bf16": lambda d: build_deepseek_v4_checkpoint(d, quantized=False),
     "kimi_linear": lambda d: build_kimi_linear_checkpoint(d),
     "kimi_k3-mxfp4": lambda d: build_kimi_k3_checkpoint(d),
+    "glm4_moe": lambda d: build_glm4_moe_checkpoint(d),
+    "qwen3_5_moe": lambda d: build_qwen3_5_moe_checkpoint(d),
 }
 
 

@@ -2,7 +2,8 @@
 fields the spec reads), with the published parameter counts to check plans against.
 
 Sources: huggingface.co/{deepseek-ai/DeepSeek-V3, moonshotai/Kimi-K2-Instruct, deepseek-ai/DeepSeek-V3.2,
-deepseek-ai/DeepSeek-V4-Pro, deepseek-ai/DeepSeek-V4-Flash, openai/gpt-oss-120b, moonshotai/Kimi-K3}/config.json
+deepseek-ai/DeepSeek-V4-Pro, deepseek-ai/DeepSeek-V4-Flash, openai/gpt-oss-120b, moonshotai/Kimi-K3, zai-org/GLM-4.5,
+Qwen/Qwen3.5-35B-A3B, Qwen/Qwen3.5-397B-A17B}/config.json
 and their model cards (see /work/shared/research/*.md).
 """
 
@@ -252,6 +253,67 @@ KIMI_K3 = {
     },
 }
 
+# zai-org/GLM-4.5 (GLM-4.6 and 4.7 share its shape; 4.6 has a 200K context)
+GLM_45 = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "attention_bias": True,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "partial_rotary_factor": 0.5,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1536,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 92,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+
+# Qwen/Qwen3.5-35B-A3B and Qwen/Qwen3.5-397B-A17B (the text and vision fields the spec reads)
+_QWEN3_5_VISION = {"model_type": "qwen3_5_moe_vision", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                   "num_heads": 16, "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                   "num_position_embeddings": 2304, "out_hidden_size": 2048, "in_channels": 3,
+                   "hidden_act": "gelu_pytorch_tanh"}
+QWEN3_5_35B = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_type": "qwen3_5_moe",
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_5_moe_text", "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4, "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512, "full_attention_interval": 4, "max_position_embeddings": 262144,
+        "attn_output_gate": True, "mtp_num_hidden_layers": 1, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                            "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    },
+    "vision_config": _QWEN3_5_VISION,
+}
+QWEN3_5_397B = {
+    **QWEN3_5_35B,
+    "text_config": {**QWEN3_5_35B["text_config"], "hidden_size": 4096, "num_hidden_layers": 60, "num_attention_heads": 32,
+                    "linear_num_value_heads": 64, "num_experts": 512, "num_experts_per_tok": 10,
+                    "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024},
+    "vision_config": {**_QWEN3_5_VISION, "out_hidden_size": 4096},
+}
+
 # name -> (config, published total params, published active params)
 PUBLISHED = {
     "deepseek-v3": (DEEPSEEK_V3, 671e9, 37e9),
@@ -261,6 +323,9 @@ PUBLISHED = {
     "deepseek-v4-flash": (DEEPSEEK_V4_FLASH, 284e9, 13e9),
     "gpt-oss-120b": (GPT_OSS_120B, 116.83e9, 5.13e9),
     "kimi-k3": (KIMI_K3, 2.78e12, 104e9),
+    "glm-4.5": (GLM_45, 355e9, 32e9),
+    "qwen3.5-35b-a3b": (QWEN3_5_35B, 35e9, 3e9),
+    "qwen3.5-397b-a17b": (QWEN3_5_397B, 397e9, 17e9),
 }
 
 

@@ -18,7 +18,7 @@ from .tiny_configs import make_config
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear", "kimi_k25")
+FAMILIES = ("deepseek_v3", "deepseek_v32", "deepseek_v4", "gpt_oss", "kimi_linear", "kimi_k25", "glm4_moe", "qwen3_5_moe")
 
 
 def _outcome(cfg: dict):
@@ -42,7 +42,7 @@ def _removals(model_type: str):
     full = make_config(model_type).to_dict()
     for key in sorted(set(full) - {"model_type"}):
         yield full, None, key
-    if model_type == "kimi_k25":  # the text tower's fields too
+    if model_type in ("kimi_k25", "qwen3_5_moe"):  # the text tower's fields too
         for key in sorted(full["text_config"]):
             if key != "model_type":
                 yield full, "text_config", key
@@ -69,7 +69,7 @@ def test_the_config_save_pretrained_writes_reads_as_the_full_one(model_type):
     assert _outcome(diff) == _outcome(cfg.to_dict())
 
 
-@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear"])
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear", "glm4_moe"])
 def test_an_almost_empty_config_is_the_reference_default_model(model_type):
     """Only model_type and a few layers: every other field is transformers' default (full-size dims)."""
     ours = _outcome({"model_type": model_type, "num_hidden_layers": 2})

@@ -121,6 +121,39 @@ def test_kimi_linear_plain(tmp_path):
     assert total_params(spec) == _causal_lm_params(cfg)
 
 
+def test_glm4_moe(tmp_path):
+    cfg = make_config("glm4_moe")
+    spec = load_spec(save_config(cfg, tmp_path))
+    assert spec.layer_kinds() == [("gqa", "dense"), ("gqa", "moe"), ("gqa", "moe")]
+    a = spec.layers[0].attention
+    assert (a.num_heads, a.num_kv_heads, a.head_dim, a.qk_rope_head_dim, a.qk_norm, a.qkv_bias, a.bias) == (
+        4, 2, 24, 12, True, True, False)  # Glm4MoeConfig's partial_rotary_factor 0.5; biases on q, k, v only
+    r = spec.experts.routing
+    assert (r.function, r.correction_bias, r.n_group, r.topk_group, spec.experts.num_shared) == ("sigmoid", True, 2, 1, 1)
+    assert spec.mtp_layers == 1 and spec.context.rope_theta == 10000.0
+    assert total_params(spec) == _causal_lm_params(cfg)
+
+
+def test_qwen3_5_moe(tmp_path):
+    """The wrapper's text tower (layer kinds from full_attention_interval) and vision tower, counted as
+    transformers' Qwen3_5MoeForConditionalGeneration holds them."""
+    from transformers.models.qwen3_5_moe import Qwen3_5MoeForConditionalGeneration
+
+    cfg = make_config("qwen3_5_moe")
+    spec = load_spec(save_config(cfg, tmp_path))
+    assert spec.layer_kinds() == [("gdn", "moe")] * 3 + [("gqa", "moe")]
+    gdn, full = spec.layers[0].attention, spec.layers[3].attention
+    assert (gdn.num_heads, gdn.num_kv_heads, gdn.head_dim, gdn.v_head_dim, gdn.conv_kernel) == (4, 2, 8, 16, 4)
+    assert (full.qk_rope_head_dim, full.qk_norm, full.output_gate, full.bias) == (4, True, "sigmoid", True)
+    e = spec.experts
+    assert (e.routing.function, e.routing.normalize, e.shared_gate, e.shared_intermediate_size) == ("softmax", True, True, 48)
+    assert spec.vision.kind == "qwen3_5_vit" and spec.text_model_type == "qwen3_5_moe_text"
+    torch.manual_seed(0)
+    assert total_params(spec) == _n_params(Qwen3_5MoeForConditionalGeneration(cfg))
+    text = load_spec({**cfg.text_config.to_dict(), "model_type": "qwen3_5_moe_text"})
+    assert total_params(text) == _causal_lm_params(cfg.text_config) and text.vision is None
+
+
 def test_kimi_linear_with_k3_extensions():
     spec = load_spec(tiny_k3_config())
     assert spec.model_type == "kimi_k3" and spec.text_model_type == "kimi_linear"

@@ -28,6 +28,17 @@ TINY = {
                         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, first_k_dense_replace=1,
                         linear_attn_config={"full_attn_layers": [2, 5], "kda_layers": [1, 3, 4], "num_heads": 2,
                                             "head_dim": 16, "short_conv_kernel_size": 4}),
+    "glm4_moe": dict(_COMMON, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32, num_key_value_heads=2,
+                     head_dim=24, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1, n_group=2, topk_group=1,
+                     first_k_dense_replace=1, use_qk_norm=True, attention_bias=True),
+    "qwen3_5_moe": dict(
+        text_config=dict(_COMMON, model_type="qwen3_5_moe_text", num_hidden_layers=4, num_key_value_heads=2, head_dim=16,
+                         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=16,
+                         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                         attention_bias=True),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, patch_size=4, out_hidden_size=64,
+                           num_position_embeddings=36),
+    ),
     "kimi_k25": dict(
         text_config=dict(_COMMON, **_MLA, model_type="kimi_k2", num_hidden_layers=3, intermediate_size=96,
                          moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,

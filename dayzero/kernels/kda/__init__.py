@@ -15,10 +15,9 @@ from and written back to the requests' slots of the pool."""
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from dayzero.kernels.devices import cuda_library
 from dayzero.ops.registry import REGISTRY
 
 PRIORITY = 10  # above the reference
@@ -26,16 +25,9 @@ DTYPES = (torch.bfloat16, torch.float16)  # float32 runs on the reference: fla's
 # over 150 s to autotune on the H200 (a GPU test run timed out on one), longer than any first request may wait
 
 
-@functools.cache
 def fla_available() -> bool:
-    """fla-core imports and a CUDA device exists (looked up once)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        from fla.ops.kda import chunk_kda, fused_recurrent_kda  # noqa: F401
-    except Exception:  # not installed, or built for another triton / torch
-        return False
-    return True
+    """fla-core's KDA imports and a CUDA device exists (looked up once)."""
+    return cuda_library("fla.ops.kda", "chunk_kda", "fused_recurrent_kda")
 
 
 def supports_kda(q, k, v, g, beta, state=None, scale=None, l2norm_qk=True, chunk_size=64) -> bool:
