@@ -179,9 +179,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, weights = ops.route_softmax_topk(self.gate(x), self.top_k)
         op = ops.moe_experts_fp8 if self.experts.fmt == "fp8" else ops.moe_experts_bf16
-        shard = self.experts.shard
-        ids, weights = shard.route(ids, weights)
-        routed = shard.combine(op(x, ids, weights, self.experts.weights(), Activation("swiglu")))
+        routed = self.experts.shard.run(op, x, ids, weights, self.experts.weights(), Activation("swiglu"))
         return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
 
