@@ -259,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="global seed for requests without their own")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="the tool-call format the output is read in: deepseek_v31, deepseek_v32, deepseek_v4, kimi_k2, "
+                   "gpt_oss, or none (default: detected from the chat template and model type)")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="the format whose reasoning blocks go to reasoning_content (same names; none: left in content; "
+                   "default: detected)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(

@@ -80,11 +80,12 @@ def _dsml_grammar(block: str) -> Callable:
                              f'"</{d}parameter>\\n"')
                 parts.append(f"free{i}*")
             for j, (key, sub) in enumerate(props.items() if props else []):
-                is_string = isinstance(sub, dict) and sub.get("type") == "string" and "enum" not in sub
+                is_string = isinstance(sub, dict) and (sub.get("type") == "string" or (
+                    isinstance(sub.get("enum"), list) and sub["enum"] and all(isinstance(v, str) for v in sub["enum"])))
                 head = json.dumps(f'<{d}parameter name="{key}" string="{"true" if is_string else "false"}">',
                                   ensure_ascii=False)
                 if is_string:
-                    value = "DSML_TEXT"
+                    value = _dsml_string(sub)
                 else:
                     value = "%json " + json.dumps({**(sub if isinstance(sub, dict) else {}),
                                                    "x-guidance": {"whitespace_flexible": False}}, ensure_ascii=False)
@@ -96,8 +97,19 @@ def _dsml_grammar(block: str) -> Callable:
         more = ' ("\\n" invoke)*' if parallel else ""
         open_, close = json.dumps(f"<{d}{block}>\n", ensure_ascii=False), json.dumps(f"\n</{d}{block}>", ensure_ascii=False)
         return (f"start: {open_} invoke{more} {close}\n"
-                f"invoke: {' | '.join(invokes)}\n" + "\n".join(rules) + "\nDSML_TEXT: /[^<]*/\n")
+                f"invoke: {' | '.join(invokes)}\n" + "\n".join(rules) + "\nDSML_TEXT: /[^<]*/\n")  # free parameters
     return grammar
+
+
+def _dsml_string(schema: dict) -> str:
+    """A string parameter's value as DSML writes it (as is, no quotes): its enum, its pattern, or text
+    without '<' within its length bounds."""
+    if isinstance(schema.get("enum"), list):
+        return "(" + " | ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"]) + ")"
+    if isinstance(schema.get("pattern"), str):
+        return "/" + schema["pattern"].replace("/", "\\/") + "/"
+    low, high = schema.get("minLength", 0), schema.get("maxLength")
+    return f"/[^<]{{{int(low)},{'' if high is None else int(high)}}}/"
 
 
 def _kimi_grammar(tools, parallel, tid) -> str:

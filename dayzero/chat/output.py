@@ -89,6 +89,7 @@ class OutputParser:
         self.malformed = False
         self.calls: list[dict] = []  # {"id", "name", "arguments", "closed"} per call begun
         self.held_space = ""  # trailing whitespace of content, held until we know whether a tool block follows
+        self.after_reasoning = False  # the newlines that follow a reasoning block's end are not content
         self._out = OutputDelta()
 
     # -- the public interface ----------------------------------------------------------------------
@@ -141,6 +142,9 @@ class OutputParser:
         self._out.reasoning += text
 
     def _content(self, text: str) -> None:
+        if self.after_reasoning:
+            text = text.lstrip("\n")
+            self.after_reasoning = not text
         if not text:
             return
         if not self.tools:
@@ -184,7 +188,7 @@ class OutputParser:
             self._reasoning(text)
             if marker is not None:
                 self.mode = "content"
-                self.buf = self.buf.lstrip("\n") if self.buf.strip() else self.buf
+                self.after_reasoning = True
                 return True
             return False
         if self.mode == "content" and not self.started:  # a reasoning block opened by the output itself
