@@ -303,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmark the OpenAI-compatible server at URL (streaming /v1/completions) instead of "
                    "the engine in this process")
     p.add_argument("--api-key", default=None, help="with --url: sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--json-schema", nargs="?", const="records", default=None, metavar="FILE",
+                   help="constrain every request's output to a JSON schema (structured outputs): FILE, or without "
+                   "a value an array of 1000+ records that no run completes; needs the checkpoint's tokenizer")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
     add_engine_arguments(p, max_running_requests=None,
                          running_help="sequences decoded together (default: the largest --max-concurrency, or "

@@ -178,6 +178,7 @@ class Engine:
                      model.spec.model_type)
         self._inflight: _InFlight | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's ids were on the host
+        self.num_grammar_waits = 0  # of those, steps whose sampling waited for them (a constrained row's mask)
         self.tracks: dict[str, _Track] = {}
 
     # -- requests ---------------------------------------------------------------------------------
@@ -300,6 +301,7 @@ class Engine:
             states = [self.tracks[r].state for r in rids]
             if prev is not None and any(s.grammar is not None for s in states):
                 self._advance_grammars(prev)
+                self.num_grammar_waits += 1
             result = self.sampler(logits, states)
             current = _InFlight(out, rids, result.token_ids, result.logprobs)
         for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions

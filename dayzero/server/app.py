@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -97,6 +98,9 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if engine.grammars is not None:  # llguidance's view of the tokenizer (seconds for 200K tokens), built early
+            threading.Thread(target=lambda: engine.grammars.ll_tokenizer, name="dayzero-grammar-tokenizer",
+                             daemon=True).start()
         async_engine.start()
         yield
         await asyncio.to_thread(async_engine.shutdown)

@@ -52,7 +52,10 @@ def test_async_scheduling_gives_the_same_tokens(sync_outputs):
     llm = LLM(enable_prefix_caching=False, async_scheduling=True)
     assert llm.engine.async_scheduling
     assert _outputs(llm) == sync_outputs[0]
-    assert llm.engine.num_overlapped_steps > 3
+    assert llm.engine.num_overlapped_steps > 3 and llm.engine.num_grammar_waits > 3
+    waits = llm.engine.num_grammar_waits
+    llm.generate(PROMPTS, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    assert llm.engine.num_grammar_waits == waits  # steps without a constrained row never wait
 
 
 def test_invalid_constraint_is_refused_before_queueing(sync_outputs):
