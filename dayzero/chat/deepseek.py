@@ -22,10 +22,9 @@ mode; `</think>` ends the prompt in chat mode). Streaming DSML arguments: each p
 
 from __future__ import annotations
 
-import json
 import re
 
-from dayzero.chat.output import OutputParser, to_json
+from dayzero.chat.output import MarkerCallsParser, OutputParser, to_json
 
 CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
@@ -33,56 +32,9 @@ DSML = "｜DSML｜"
 DSML_BLOCKS = ("function_calls", "tool_calls")  # V3.2, V4
 
 
-class DeepSeekV31Parser(OutputParser):
-    def _step(self, final: bool) -> bool:
-        handled = self._think_step(final)
-        if handled is not None:
-            return handled
-        if self.mode in ("content", "raw"):
-            if self.mode == "raw" or not self.tools:
-                text, _ = self._until((), final)
-                self._content(text)
-                return False
-            text, marker = self._until((CALLS_BEGIN,), final)
-            self._content(text)
-            if marker is None:
-                return False
-            self._drop_held_space()
-            self.mode = "calls"
-            return True
-        if self.mode == "calls":  # between calls: the next call or the end of the block
-            for marker, mode in ((CALL_BEGIN, "name"), (CALLS_END, "after")):
-                found = self._starts(marker, final)
-                if found is None:
-                    return False
-                if found:
-                    self.mode = mode
-                    return True
-            if self.buf or final:
-                self._degrade("")
-            return False
-        if self.mode == "name":
-            name, marker = self._until((SEP,), final)
-            if marker is None:
-                self.buf = name + self.buf  # wait for the whole name
-                if final:
-                    self._degrade("")
-                return False
-            self._begin_call(name.strip())
-            self.mode = "arguments"
-            return True
-        if self.mode == "arguments":
-            text, marker = self._until((CALL_END,), final)
-            self._arguments(text)
-            if marker is not None:
-                self._close_call()
-                self.mode = "calls"
-                return True
-            return False
-        # after the block: the model should have ended; anything more is content
-        text, _ = self._until((), final)
-        self._content(text)
-        return False
+class DeepSeekV31Parser(MarkerCallsParser):
+    section_begin, section_end = (CALLS_BEGIN,), (CALLS_END,)
+    call_begin, header_end, call_end = CALL_BEGIN, SEP, CALL_END
 
 
 _INVOKE = re.compile(r'\s*<' + DSML + r'invoke\s+name="([^"]*)"\s*>')
@@ -99,24 +51,10 @@ class DsmlParser(OutputParser):
 
     def _step(self, final: bool) -> bool:
         handled = self._think_step(final)
+        if handled is None:
+            handled = self._text_step(self.openers, final)
         if handled is not None:
             return handled
-        if self.mode in ("content", "raw"):
-            if self.mode == "raw" or not self.tools:
-                text, _ = self._until((), final)
-                self._content(text)
-                return False
-            text, marker = self._until(self.openers, final)
-            self._content(text)
-            if marker is None:
-                return False
-            self._drop_held_space()
-            self.mode = "calls"
-            return True
-        if self.mode == "after":
-            text, _ = self._until((), final)
-            self._content(text)
-            return False
         # "calls" (between invokes) or "invoke" (inside one): match whole tags at the buffer's start
         patterns = ((_INVOKE, self._invoke), (_BLOCK_END, self._block_end)) if self.mode == "calls" else \
             ((_PARAM, self._param), (_INVOKE_END, self._invoke_end))
@@ -154,10 +92,3 @@ class DsmlParser(OutputParser):
 
     def _block_end(self, m: re.Match) -> None:
         self.mode = "after"
-
-
-def dsml_arguments(arguments: str | dict) -> list[tuple[str, str, str]]:
-    """(name, "true"/"false", value text) per argument, as DSML writes them (the tests' renderer and
-    the grammar agree with this)."""
-    args = json.loads(arguments) if isinstance(arguments, str) else arguments
-    return [(k, "true", v) if isinstance(v, str) else (k, "false", to_json(v)) for k, v in args.items()]

@@ -10,7 +10,7 @@ answers. Some checkpoints write `<|tool_call_section_begin|>` (singular); both a
 
 from __future__ import annotations
 
-from dayzero.chat.output import OutputParser
+from dayzero.chat.output import MarkerCallsParser
 
 SECTION_BEGIN = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 SECTION_END = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
@@ -23,49 +23,9 @@ def call_name(call_id: str) -> str:
     return name.split(".", 1)[1] if name.startswith("functions.") else name
 
 
-class KimiK2Parser(OutputParser):
-    def _step(self, final: bool) -> bool:
-        handled = self._think_step(final)
-        if handled is not None:
-            return handled
-        if self.mode in ("content", "raw", "after"):
-            if self.mode != "content" or not self.tools:
-                text, _ = self._until((), final)
-                self._content(text)
-                return False
-            text, marker = self._until(SECTION_BEGIN, final)
-            self._content(text)
-            if marker is None:
-                return False
-            self._drop_held_space()
-            self.mode = "calls"
-            return True
-        if self.mode == "calls":
-            for markers, mode in (((CALL_BEGIN,), "id"), (SECTION_END, "after")):
-                for marker in markers:
-                    found = self._starts(marker, final)
-                    if found is None:
-                        return False
-                    if found:
-                        self.mode = mode
-                        return True
-            if self.buf or final:
-                self._degrade("")
-            return False
-        if self.mode == "id":
-            call_id, marker = self._until((ARG_BEGIN,), final)
-            if marker is None:
-                self.buf = call_id + self.buf
-                if final:
-                    self._degrade("")
-                return False
-            self._begin_call(call_name(call_id), call_id.strip())
-            self.mode = "arguments"
-            return True
-        text, marker = self._until((CALL_END,), final)  # arguments
-        self._arguments(text)
-        if marker is not None:
-            self._close_call()
-            self.mode = "calls"
-            return True
-        return False
+class KimiK2Parser(MarkerCallsParser):
+    section_begin, section_end = SECTION_BEGIN, SECTION_END
+    call_begin, header_end, call_end = CALL_BEGIN, ARG_BEGIN, CALL_END
+
+    def _call_header(self, header: str) -> tuple[str, str | None]:
+        return call_name(header), header.strip()

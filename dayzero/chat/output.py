@@ -202,6 +202,76 @@ class OutputParser:
         return None
 
 
+    def _text_step(self, openers: tuple[str, ...], final: bool) -> bool | None:
+        """Content up to a tool block's opener (plain content when tools are off, after a block, or once
+        degraded): True/False when it handled the step, None when a tool block is being read."""
+        if self.mode in ("raw", "after") or (self.mode == "content" and not self.tools):
+            text, _ = self._until((), final)
+            self._content(text)
+            return False
+        if self.mode != "content":
+            return None
+        text, marker = self._until(openers, final)
+        self._content(text)
+        if marker is None:
+            return False
+        self._drop_held_space()
+        self.mode = "calls"
+        return True
+
+
+class MarkerCallsParser(OutputParser):
+    """Tool calls between special-token markers, arguments as JSON text (DeepSeek-V3.1, Kimi K2):
+
+        {section_begin}{call_begin}{header}{header_end}{arguments}{call_end}...{section_end}
+
+    `_call_header(header)` gives the call's (name, id or None for a fresh one)."""
+
+    section_begin: tuple[str, ...]
+    section_end: tuple[str, ...]
+    call_begin: str
+    header_end: str
+    call_end: str
+
+    def _call_header(self, header: str) -> tuple[str, str | None]:
+        return header.strip(), None
+
+    def _step(self, final: bool) -> bool:
+        handled = self._think_step(final)
+        if handled is None:
+            handled = self._text_step(self.section_begin, final)
+        if handled is not None:
+            return handled
+        if self.mode == "calls":  # between calls: the next call or the end of the section
+            for marker, mode in ((self.call_begin, "header"), *((m, "after") for m in self.section_end)):
+                found = self._starts(marker, final)
+                if found is None:
+                    return False
+                if found:
+                    self.mode = mode
+                    return True
+            if self.buf or final:
+                self._degrade("")
+            return False
+        if self.mode == "header":
+            header, marker = self._until((self.header_end,), final)
+            if marker is None:
+                self.buf = header + self.buf  # wait for the whole header
+                if final:
+                    self._degrade("")
+                return False
+            self._begin_call(*self._call_header(header))
+            self.mode = "arguments"
+            return True
+        text, marker = self._until((self.call_end,), final)  # arguments
+        self._arguments(text)
+        if marker is None:
+            return False
+        self._close_call()
+        self.mode = "calls"
+        return True
+
+
 def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
     """The length of the longest suffix of text that is a proper prefix of a marker."""
     best = 0
