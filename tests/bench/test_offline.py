@@ -69,3 +69,29 @@ def test_a_workload_the_model_cannot_hold_fails_before_anything_runs(llm):
     with pytest.raises(ValueError, match="prompt 0 is too long"):
         run_offline(llm.engine, requests, None)
     assert not llm.engine.has_unfinished()
+
+
+def test_a_json_schema_workload_is_constrained(llm):
+    """--json-schema: every request samples under the schema's mask (RECORDS_SCHEMA never completes, so
+    all output tokens are constrained: the text is a prefix of an array of records)."""
+    from dayzero.bench.workload import RECORDS_SCHEMA
+
+    w = Workload(num_prompts=2, input_len=4, output_len=8, vocab_size=llm.vocab_size, json_schema=RECORDS_SCHEMA)
+    tokens = {}
+    step = llm.engine.step
+
+    def recording_step():
+        updates = step()
+        for u in updates:
+            tokens.setdefault(u.request_id, []).extend(u.new_token_ids)
+        return updates
+
+    llm.engine.step = recording_step
+    try:
+        run = run_offline(llm.engine, w.requests(), None, prefix="json")
+    finally:
+        del llm.engine.step
+    assert all(r.ok and r.output_len == 8 for r in run.records)
+    for ids in tokens.values():
+        assert llm.tokenizer.decode(ids).startswith('[{"id":')
+    assert w.to_dict()["json_schema"] == RECORDS_SCHEMA
