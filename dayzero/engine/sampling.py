@@ -368,8 +368,8 @@ def _gather_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, params: list[Sa
     chosen, rank, top_lp, top_ids, chosen_ids = (t.tolist() for t in (chosen, rank, top_lp, top_ids, chosen_ids))
     for j, i in enumerate(rows):
         want = params[i].logprobs
-        out[i] = TokenLogprobs(chosen_ids[j], chosen[j][0], rank[j],
-                               list(zip(top_ids[j][:want], top_lp[j][:want])))
+        top = [(t, v) for t, v in zip(top_ids[j][:want], top_lp[j][:want]) if v != -math.inf]  # a grammar's masked tokens
+        out[i] = TokenLogprobs(chosen_ids[j], chosen[j][0], rank[j], top)
     return out
 
 

@@ -11,6 +11,7 @@ their KV blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import os
@@ -341,11 +342,9 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             template_kwargs.setdefault("reasoning_effort", req.reasoning_effort)
         ids = chat.render(llm, messages, tools, template_kwargs)
         in_reasoning = chat.prompt_in_reasoning(chat_setup, tokenizer, ids)
-        plan = chat.ChatPlan(chat_setup, parse_tools=bool(tools) and mode != "none" and chat_setup.tools,
+        setup = chat_setup if req.separate_reasoning else dataclasses.replace(chat_setup, reasoning=False)
+        plan = chat.ChatPlan(setup, parse_tools=bool(tools) and mode != "none" and chat_setup.tools,
                              in_reasoning=in_reasoning)
-        if not req.separate_reasoning:
-            plan.setup = chat.ChatSetup(chat_setup.format, chat_setup.tools, False, chat_setup.template_has_tools,
-                                        chat_setup.special_markers, chat_setup.token_id)
         if mode in ("required", "named"):
             for i, tool in enumerate(tools):  # each schema is checked where the grammar would cite it
                 spec = StructuredOutputs(json=tool["function"].get("parameters") or {"type": "object"},

@@ -85,8 +85,11 @@ def test_json_object_regex_ebnf_on_every_api(client, url):
                                        response_format={"type": "json_object"}, temperature=0.3)
     if r.choices[0].finish_reason == "stop":  # any object: not bounded, it may run to max_tokens
         assert isinstance(json.loads(r.choices[0].message.content), dict)
-    r = client.completions.create(model="demo", prompt="Pets:", max_tokens=20, extra_body={"regex": "(cat|dog)s?"})
+    r = client.completions.create(model="demo", prompt="Pets:", max_tokens=20, logprobs=5,
+                                  extra_body={"regex": "(cat|dog)s?"})
     assert r.choices[0].text in ("cat", "cats", "dog", "dogs") and r.choices[0].finish_reason == "stop"
+    for top in r.choices[0].logprobs.top_logprobs:  # masked tokens are left out, never -Infinity
+        assert top and all(v > float("-inf") for v in top.values())
     r = client.completions.create(model="demo", prompt="Pick:", max_tokens=20,
                                   extra_body={"structured_outputs": {"choice": ["left", "right"]}})
     assert r.choices[0].text in ("left", "right")
