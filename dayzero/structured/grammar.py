@@ -2,7 +2,8 @@
 
 llguidance (guidance-ai/llguidance, a Rust library with an abi3 wheel and no Python dependencies)
 builds the token mask lazily from a lexer over the tokenizer's token trie, so a JSON schema needs no
-ahead-of-time compilation step and a mask costs tens of microseconds on a 200K vocabulary. The
+ahead-of-time compilation (on the CPU here, a synthetic 201K vocabulary: checking a schema 0.1-11 ms,
+a request's matcher 0.2-0.9 ms, one row's mask a fraction of a millisecond: bench/structured.py). The
 tokenizer is handed over once (`llguidance.hf.from_tokenizer`, about a second for 200K tokens, done
 at the first constrained request); token ids past the tokenizer's (the model's padded vocabulary)
 are never allowed. Special tokens (0xFF-prefixed in llguidance's view) never match grammar text: a
