@@ -259,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="global seed for requests without their own")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")
+    p.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                   help="the tool-call format the output is read in: deepseek_v31, deepseek_v32, deepseek_v4, kimi_k2, "
+                   "gpt_oss, or none (default: detected from the chat template and model type)")
+    p.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                   help="the format whose reasoning blocks go to reasoning_content (same names; none: left in content; "
+                   "default: detected)")
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser(
@@ -297,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="benchmark the OpenAI-compatible server at URL (streaming /v1/completions) instead of "
                    "the engine in this process")
     p.add_argument("--api-key", default=None, help="with --url: sent as 'Authorization: Bearer KEY'")
+    p.add_argument("--json-schema", nargs="?", const="records", default=None, metavar="FILE",
+                   help="constrain every request's output to a JSON schema (structured outputs): FILE, or without "
+                   "a value an array of 1000+ records that no run completes; needs the checkpoint's tokenizer")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
     add_engine_arguments(p, max_running_requests=None,
                          running_help="sequences decoded together (default: the largest --max-concurrency, or "

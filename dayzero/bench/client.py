@@ -70,6 +70,8 @@ def send(url: str, model: str, request: BenchRequest, ignore_eos: bool, api_key:
     """One streaming completion, timed; a failure is recorded in the record's error, not raised."""
     body = {"model": model, "prompt": request.prompt_token_ids, "max_tokens": request.output_len, "temperature": 0.0,
             "ignore_eos": ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
+    if request.json_schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": request.json_schema}}
     http_request = urllib.request.Request(f"{url}{COMPLETIONS}", data=json.dumps(body).encode(),
                                           headers=_headers(api_key), method="POST")
     record = RequestRecord(len(request.prompt_token_ids), time.perf_counter())

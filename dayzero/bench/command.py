@@ -53,6 +53,9 @@ def _check(args: argparse.Namespace) -> Path | None:
     if args.url is not None and args.vs is not None:
         raise ValueError("--vs transformers runs transformers in this process, next to the engine; it cannot be "
                          "combined with --url (benchmark the server, then run without --url)")
+    if args.json_schema is not None and args.vs is not None:
+        raise ValueError("--json-schema constrains dayzero's outputs; transformers' generate would run "
+                         "unconstrained, so --vs transformers cannot be combined with it")
     if args.output_file is None:
         return None
     output = Path(args.output_file)
@@ -63,6 +66,26 @@ def _check(args: argparse.Namespace) -> Path | None:
     return output
 
 
+def _json_schema(flag: str | None) -> dict | None:
+    """--json-schema: None (unconstrained), "records" (RECORDS_SCHEMA) or a file holding a JSON schema."""
+    from dayzero.bench.workload import RECORDS_SCHEMA
+
+    if flag is None:
+        return None
+    if flag == "records":
+        return RECORDS_SCHEMA
+    path = Path(flag)
+    if not path.is_file():
+        raise ValueError(f"--json-schema {flag}: no such file (give a JSON schema file, or 'records')")
+    try:
+        schema = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"--json-schema {flag}: not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"--json-schema {flag}: a JSON schema is an object")
+    return schema
+
+
 def bench(args: argparse.Namespace, model_dir: Path) -> int:
     """Run `dayzero bench`; model_dir: the checkpoint (with --url, only its vocabulary is read: the
     prompts' token ids are drawn from it)."""
@@ -70,7 +93,7 @@ def bench(args: argparse.Namespace, model_dir: Path) -> int:
 
     output = _check(args)
     workload = Workload(args.num_prompts, args.input_len, args.output_len, load_spec(model_dir).vocab_size,
-                        args.random_range_ratio, args.seed)
+                        args.random_range_ratio, args.seed, _json_schema(args.json_schema))
     levels = _levels(args)
     if args.url is not None:
         backend, info, runs, baseline = _bench_remote(args, workload, levels)

@@ -19,11 +19,16 @@ from dayzero.bench.metrics import PeakMemory, RequestRecord, RunResult
 from dayzero.bench.workload import BenchRequest
 from dayzero.engine.engine import Engine
 from dayzero.engine.sampling import SamplingParams
+from dayzero.structured import StructuredOutputs
 
 
 def bench_params(request: BenchRequest, ignore_eos: bool) -> SamplingParams:
-    """Greedy, exactly output_len tokens with ignore_eos (else at most)."""
-    return SamplingParams(max_tokens=request.output_len, temperature=0.0, ignore_eos=ignore_eos)
+    """Greedy, exactly output_len tokens with ignore_eos (else at most); constrained to the request's JSON
+    schema if it has one."""
+    structured = None if request.json_schema is None else StructuredOutputs(json=request.json_schema,
+                                                                             source="--json-schema")
+    return SamplingParams(max_tokens=request.output_len, temperature=0.0, ignore_eos=ignore_eos,
+                          structured_outputs=structured)
 
 
 def run_offline(engine: Engine, requests: list[BenchRequest], max_concurrency: int | None, ignore_eos: bool = True,

@@ -53,7 +53,7 @@ from dayzero import settings
 from dayzero.demo.tokenizer import save_tokenizer
 from dayzero.formats import fp8, mxfp4
 
-DEMO_VERSION = 1  # bump whenever the files written here change, so caches rebuild
+DEMO_VERSION = 2  # bump whenever the files written here change, so caches rebuild (2: tools in the chat template)
 SEED = 0
 FP8_BLOCK = (128, 128)
 SHARD_COUNT = 2

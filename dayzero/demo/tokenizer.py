@@ -36,13 +36,53 @@ BPE_VOCAB_SIZE = 768  # byte alphabet + merges + the three special tokens
 
 # `thinking` (bool, default false) chooses the thinking mode, as `thinking_mode="thinking"` does in
 # DeepSeek's encoder. Assistant turns render as chat-mode turns: their reasoning is dropped.
+# Tools (OpenAI function tools) follow `encoding_dsv4.py`: the "## Tools" section after the system
+# message's content (alone when there is none), calls as a DSML `tool_calls` block after the
+# assistant's content (arguments as a mapping: strings as is, other values as JSON), and each tool
+# result as a `<tool_result>` block of the user turn that follows.
+TOOLS_SECTION = (
+    "## Tools\n\n"
+    "You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "
+    "\"<｜DSML｜tool_calls>\" block like the following:\n\n"
+    "<｜DSML｜tool_calls>\n"
+    "<｜DSML｜invoke name=\"$TOOL_NAME\">\n"
+    "<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE</｜DSML｜parameter>\n"
+    "...\n"
+    "</｜DSML｜invoke>\n"
+    "</｜DSML｜tool_calls>\n\n"
+    "String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, "
+    "booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n"
+    "### Available Tool Schemas\n\n"
+)
+
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{%- set ns = namespace(tools_done=false) %}"
+    "{%- macro tools_section() %}" + "{{ " + repr(TOOLS_SECTION) + " }}"
+    "{%- for tool in tools %}{{ (tool['function'] if tool['function'] is defined else tool) | tojson }}\n{% endfor %}"
+    "{{ '\\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\\n' }}"
+    "{%- endmacro %}"
+    "{%- if tools and messages[0]['role'] != 'system' %}{{ tools_section() }}{% set ns.tools_done = true %}{% endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' %}{{ message['content'] }}"
+    "{%- if tools and not ns.tools_done %}{{ '\\n\\n' }}{{ tools_section() }}{% set ns.tools_done = true %}{% endif %}"
     "{%- elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.index0 == 0 or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<｜User｜>' }}"
+    "{%- else %}{{ '\\n\\n' }}{% endif %}"
+    "{{ '<tool_result>' + message['content'] + '</tool_result>' }}"
     "{%- elif message['role'] == 'assistant' %}"
-    "{{ '<｜Assistant｜></think>' + message['content'] + eos_token }}"
+    "{{ '<｜Assistant｜></think>' + (message['content'] or '') }}"
+    "{%- if message['tool_calls'] %}{{ '\\n\\n<｜DSML｜tool_calls>\\n' }}"
+    "{%- for call in message['tool_calls'] %}{% set f = call['function'] if call['function'] is defined else call %}"
+    "{{ '<｜DSML｜invoke name=\"' + f['name'] + '\">\\n' }}"
+    "{%- for key, value in f['arguments'].items() %}"
+    "{{ '<｜DSML｜parameter name=\"' + key + '\" string=\"' + ('true' if value is string else 'false') + '\">' }}"
+    "{{ value if value is string else value | tojson }}{{ '</｜DSML｜parameter>' }}{% if not loop.last %}{{ '\\n' }}{% endif %}"
+    "{%- endfor %}"
+    "{{ '\\n</｜DSML｜invoke>' }}{% if not loop.last %}{{ '\\n' }}{% endif %}"
+    "{%- endfor %}{{ '\\n</｜DSML｜tool_calls>' }}{% endif %}"
+    "{{ eos_token }}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}"

@@ -36,6 +36,7 @@ from dayzero.model_path import read_json
 from dayzero.models import CausalLM
 from dayzero.parallel import comm, current, dispatch
 from dayzero.startup import StartupTimer
+from dayzero.structured.grammar import GrammarCompiler, GrammarError
 
 
 log = logging.getLogger("dayzero")
@@ -61,6 +62,7 @@ class _InFlight:
 
     def __init__(self, output, rids: list[str], token_ids: torch.Tensor, logprobs: list):
         self.output, self.rids, self.token_ids, self.logprobs = output, rids, token_ids, logprobs
+        self.grammars_advanced = False  # its tokens were accepted by their requests' grammars
         cuda = token_ids.is_cuda
         self._host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=cuda)
         self._host.copy_(token_ids, non_blocking=cuda)
@@ -171,6 +173,8 @@ class Engine:
         self.scheduler = Scheduler(kv, max_num_seqs, max_num_batched_tokens, chunked_prefill=True,
                                    eos_token_ids=eos_token_ids, align_chunks=block_size if snapshots is not None else None)
         self.sampler = Sampler(self.vocab_size, seed=seed, device=model.device_)
+        # structured outputs (dayzero.structured): grammars over this tokenizer, masks of the model's vocabulary
+        self.grammars = None if tokenizer is None else GrammarCompiler(tokenizer, self.vocab_size, eos_token_ids)
         if async_scheduling is None:  # on where the host's work overlaps the device's
             async_scheduling = model.device_.type == "cuda"
         self.async_scheduling = async_scheduling and snapshots is None
@@ -179,6 +183,7 @@ class Engine:
                      model.spec.model_type)
         self._inflight: _InFlight | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's ids were on the host
+        self.num_grammar_waits = 0  # of those, steps whose sampling waited for them (a constrained row's mask)
         self.tracks: dict[str, _Track] = {}
 
     # -- requests ---------------------------------------------------------------------------------
@@ -190,6 +195,15 @@ class Engine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"{where}: sampling params must be a SamplingParams, got {type(params).__name__}")
         params.validate(self.vocab_size)
+        if params.structured_outputs is not None:
+            spec = params.structured_outputs
+            if self.grammars is None:
+                raise InvalidRequestError(f"{spec.source}: constrained decoding needs the checkpoint's tokenizer, and "
+                                          "this checkpoint has none", spec.source)
+            try:
+                self.grammars.compile(spec)
+            except GrammarError as exc:
+                raise InvalidRequestError(str(exc), exc.param) from None
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError(f"{where}: this checkpoint has no tokenizer; pass token ids instead of text",
@@ -227,6 +241,8 @@ class Engine:
         req = Request(request_id, list(prompt_token_ids), params)
         state = self.sampler.new_state(params, req.prompt_token_ids, sample_index=sample_index,
                                        output_token_ids=req.output_token_ids)
+        if params.structured_outputs is not None:
+            state.grammar = self.grammars.new(params.structured_outputs)
         self.scheduler.add(req)
         detokenizer = (None if self.tokenizer is None else
                        IncrementalDetokenizer(self.tokenizer, req.output_token_ids, params.skip_special_tokens))
@@ -257,9 +273,12 @@ class Engine:
         sampled: dict[str, int] = {}
         step_logprobs: dict[str, TokenLogprobs | None] = {}
         if rids:
-            result = self.sampler(logits, [self.tracks[r].state for r in rids])
-            for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
+            states = [self.tracks[r].state for r in rids]
+            result = self.sampler(logits, states)
+            for rid, state, token, lp in zip(rids, states, result.token_ids.tolist(), result.logprobs):
                 sampled[rid], step_logprobs[rid] = token, lp
+                if state.grammar is not None:
+                    state.grammar.accept(token)
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}
         return updates + self._apply(sampled, step_logprobs, finished)
 
@@ -267,7 +286,12 @@ class Engine:
         """Schedule and launch this step before the last step's ids reach the host (a decode's input
         token still on the device is read from there), then take the last step's ids: the host's
         scheduling, metadata and detokenizing overlap the GPU's work. (Penalties count a request's
-        tokens on the device as they are sampled: they need no host ids.)"""
+        tokens on the device as they are sampled: they need no host ids.)
+
+        Structured outputs: a constrained request's mask depends on its previous token, so a step with
+        a constrained row waits for the last step's ids after launching its forward and before sampling
+        (the grammars accept them, then the masks are filled on the host while the GPU runs the forward);
+        a step without one never waits."""
         updates: list[RequestUpdate] = []
         prev, self._inflight = self._inflight, None
         out = self.scheduler.schedule()
@@ -279,7 +303,11 @@ class Engine:
         rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
         current = None
         if rids:
-            result = self.sampler(logits, [self.tracks[r].state for r in rids])
+            states = [self.tracks[r].state for r in rids]
+            if prev is not None and any(s.grammar is not None for s in states):
+                self._advance_grammars(prev)
+                self.num_grammar_waits += 1
+            result = self.sampler(logits, states)
             current = _InFlight(out, rids, result.token_ids, result.logprobs)
         for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions
             self.runner.free(req.request_id)
@@ -291,11 +319,27 @@ class Engine:
 
     def _resolve(self, step: "_InFlight") -> list[RequestUpdate]:
         """The ids of a launched step: appended (scheduler.resolve), then text, stop strings, updates."""
+        self._advance_grammars(step)
         tokens = step.host_ids()
         appended, finished = self.scheduler.resolve(step.output, dict(zip(step.rids, tokens)))
         appended = {rid: t for rid, t in appended.items() if rid in self.tracks}  # not aborted meanwhile
         logprobs = dict(zip(step.rids, step.logprobs))
         return self._apply(appended, {rid: logprobs[rid] for rid in appended}, {r.request_id for r in finished})
+
+    def _advance_grammars(self, step: "_InFlight") -> None:
+        """Each constrained request of a launched step accepts its token (once; before scheduler.resolve,
+        which appends the same tokens: those of requests not stopped or aborted since)."""
+        if step.grammars_advanced:
+            return
+        step.grammars_advanced = True
+        tracks = [self.tracks.get(rid) for rid in step.rids]
+        if not any(t is not None and t.state.grammar is not None for t in tracks):
+            return
+        for track, token in zip(tracks, step.host_ids()):
+            if track is None or track.state.grammar is None:
+                continue
+            if track.request.status not in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED):
+                track.state.grammar.accept(token)
 
     def _apply(self, sampled: dict[str, int], step_logprobs: dict[str, TokenLogprobs | None],
                finished: set[str]) -> list[RequestUpdate]:

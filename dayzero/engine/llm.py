@@ -204,10 +204,13 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         return self.generate([self.apply_chat_template(c) for c in conversations], sampling_params)
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+        """The prompt ids of a conversation, by the checkpoint's chat template; tools (OpenAI function
+        tools) and template_kwargs (e.g. the thinking switch) are passed to the template."""
         if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(f"{self.path} has no chat template (tokenizer_config.json chat_template)")
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                 **template_kwargs)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def stream(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None) -> Iterator[str]:

@@ -36,6 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dayzero.engine.errors import InvalidRequestError
+from dayzero.structured.bitmask import TokenBitmask, apply_token_bitmask
+from dayzero.structured.grammar import Grammar
+from dayzero.structured.params import StructuredOutputs
 
 GREEDY_TEMPERATURE = 1e-5  # temperatures below this sample greedily (argmax), as vLLM does
 MAX_LOGPROBS = 20  # the OpenAI API's limit on top logprobs
@@ -60,6 +63,8 @@ class SamplingParams:
     logprobs: None = none; k = the sampled token's logprob and the k most likely (0 <= k <= 20).
     n: completions per prompt (the engine forks the request; see Sampler.new_state's sample_index).
     skip_special_tokens: drop special tokens when detokenizing.
+    structured_outputs: constrain the output to a JSON schema, regex or grammar (dayzero.structured;
+        the engine compiles it at validation and the sampler masks the logits: docs/structured.md).
     """
 
     max_tokens: int | None = 16
@@ -77,6 +82,7 @@ class SamplingParams:
     logprobs: int | None = None
     n: int = 1
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self):
         if self.stop is None:
@@ -139,6 +145,8 @@ class SamplingParams:
         check_int("n", lambda v: v >= 1, "expected an integer >= 1")
         if not isinstance(self.skip_special_tokens, bool):
             bad("skip_special_tokens", "expected True or False")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            bad("structured_outputs", "expected None or a dayzero.structured.StructuredOutputs")
         if problems:
             raise InvalidRequestError("invalid sampling parameters: " + "; ".join(problems), problems[0].split("=")[0])
 
@@ -174,6 +182,7 @@ class SamplingState:
     counts: torch.Tensor | None = None
     prompt_seen: torch.Tensor | None = None
     counted: int = 0  # output tokens included in counts
+    grammar: Grammar | None = None  # structured outputs: the matcher the engine advances with every appended token
 
 
 @dataclass
@@ -202,6 +211,7 @@ class Sampler:
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         self._seeds = random.Random(seed)
+        self._bitmask: TokenBitmask | None = None  # created at the first constrained row
 
     def new_state(self, params: SamplingParams, prompt_token_ids: list[int], sample_index: int = 0,
                   output_token_ids: list[int] | None = None) -> SamplingState:
@@ -223,6 +233,13 @@ class Sampler:
             raise ValueError(f"logits must be [batch, vocab] with one row per state; got {tuple(logits.shape)} "
                              f"for {len(states)} states")
         raw = logits.float()
+        constrained = [i for i, s in enumerate(states) if s.grammar is not None and s.grammar.active]
+        if constrained:  # grammar masks first: raw logprobs, penalties and sampling all see the masked logits
+            if self._bitmask is None:
+                self._bitmask = TokenBitmask(logits.shape[1], logits.device)
+            masks = self._bitmask.fill([states[i].grammar for i in constrained])
+            raw = raw.clone() if raw is logits else raw
+            apply_token_bitmask(raw, torch.tensor(constrained, device=raw.device), masks)
         params = [s.params for s in states]
         penalised = [i for i, p in enumerate(params) if p.has_penalties]
         logits = apply_penalties(raw, states)  # brings the penalised rows' counts up to date
@@ -351,8 +368,8 @@ def _gather_logprobs(raw: torch.Tensor, token_ids: torch.Tensor, params: list[Sa
     chosen, rank, top_lp, top_ids, chosen_ids = (t.tolist() for t in (chosen, rank, top_lp, top_ids, chosen_ids))
     for j, i in enumerate(rows):
         want = params[i].logprobs
-        out[i] = TokenLogprobs(chosen_ids[j], chosen[j][0], rank[j],
-                               list(zip(top_ids[j][:want], top_lp[j][:want])))
+        top = [(t, v) for t, v in zip(top_ids[j][:want], top_lp[j][:want]) if v != -math.inf]  # a grammar's masked tokens
+        out[i] = TokenLogprobs(chosen_ids[j], chosen[j][0], rank[j], top)
     return out
 
 

@@ -11,9 +11,11 @@ their KV blocks.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -27,6 +29,9 @@ from dayzero.engine.engine import RequestUpdate
 from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import SamplingParams
+from dayzero.structured import StructuredOutputs
+from dayzero.structured.grammar import GrammarError
+from dayzero.server import chat
 from dayzero.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Submission
 from dayzero.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest,
                                      SGLangSamplingParams, parse)
@@ -39,6 +44,8 @@ class ServerConfig:
     max_running_requests: int = 16
     max_queued_requests: int = 256
     extra_info: dict = field(default_factory=dict)  # reported by /get_server_info (the launch flags)
+    tool_call_parser: str | None = None  # a chat format's name (dayzero/chat/formats.py), "none"; None: detected
+    reasoning_parser: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -88,9 +95,13 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     tokenizer = llm.tokenizer
     name = config.served_model_name
     started = time.time()
+    chat_setup = chat.chat_setup(tokenizer, llm.model.spec.model_type, config.tool_call_parser, config.reasoning_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if engine.grammars is not None:  # llguidance's view of the tokenizer (seconds for 200K tokens), built early
+            threading.Thread(target=lambda: engine.grammars.ll_tokenizer, name="dayzero-grammar-tokenizer",
+                             daemon=True).start()
         async_engine.start()
         yield
         await asyncio.to_thread(async_engine.shutdown)
@@ -197,6 +208,14 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
         return StreamingResponse(body(), media_type="text/event-stream")
 
+    def validate_constraint(spec) -> None:
+        if engine.grammars is None:
+            raise APIError(400, f"{spec.source}: constrained decoding needs the checkpoint's tokenizer", spec.source)
+        try:
+            engine.grammars.compile(spec)
+        except GrammarError as exc:
+            raise APIError(400, str(exc), exc.param) from None
+
     def check_model(model: str | None) -> None:
         if model is not None and model != name:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {name!r} (GET /v1/models)",
@@ -256,7 +275,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         prompts = [p] if isinstance(p, str) or (p and isinstance(p[0], int)) else list(p)
         if not prompts:
             raise APIError(400, "prompt is empty; at least one token is needed", "prompt")
-        params = req.sampling_params(req.max_tokens, req.logprobs)
+        params = req.sampling_params(req.max_tokens, req.logprobs, req.constraint())
         checked = [validate(pr, params, "prompt" if len(prompts) == 1 else f"prompt {i}") for i, pr in enumerate(prompts)]
         rid = f"cmpl-{uuid.uuid4().hex}"
         subs, seqs = submissions(checked, rid)
@@ -295,11 +314,21 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def chat_completions(request: Request):
         req: ChatCompletionRequest = parse(ChatCompletionRequest, await read_json(request))
         check_model(req.model)
-        unsupported("tools", req.tools, None)
-        unsupported("response_format", (req.response_format or {}).get("type", "text"), "text")
         unsupported("logit_bias", req.logit_bias or None, None)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        tools = chat.check_tools(req.tools)
+        mode, tool_name = chat.check_tool_choice(req.tool_choice, tools)
+        if tools and not chat_setup.template_has_tools:
+            raise APIError(400, f"tools: the chat template of {name!r} has no tools; this checkpoint cannot take them",
+                           "tools")
+        if tools and mode != "none" and not chat_setup.tools:
+            raise APIError(400, "tools: this server reads no tool calls for this checkpoint (no tool-call parser: "
+                                "start it with --tool-call-parser)", "tools")
+        constraint = req.constraint()
+        if constraint is not None and mode in ("required", "named"):
+            raise APIError(400, f"{constraint.source} cannot be combined with tool_choice {req.tool_choice!r}: a tool "
+                                "call is the constrained output", constraint.source)
         messages = []
         for i, m in enumerate(req.messages):
             msg = m.model_dump(exclude_none=True)
@@ -308,18 +337,34 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
                     raise APIError(400, f"messages.{i}.content: only text parts are supported", f"messages.{i}.content")
                 msg["content"] = "".join(part.text for part in m.content)
             messages.append(msg)
-        try:
-            ids = llm.apply_chat_template(messages)
-        except Exception as exc:  # the template rejects the conversation (roles out of order, ...)
-            raise APIError(400, f"messages: the chat template failed: {exc}", "messages") from None
+        template_kwargs = dict(req.chat_template_kwargs or {})
+        if req.reasoning_effort is not None:
+            template_kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+        ids = chat.render(llm, messages, tools, template_kwargs)
+        in_reasoning = chat.prompt_in_reasoning(chat_setup, tokenizer, ids)
+        setup = chat_setup if req.separate_reasoning else dataclasses.replace(chat_setup, reasoning=False)
+        plan = chat.ChatPlan(setup, parse_tools=bool(tools) and mode != "none" and chat_setup.tools,
+                             in_reasoning=in_reasoning)
+        if mode in ("required", "named"):
+            for i, tool in enumerate(tools):  # each schema is checked where the grammar would cite it
+                spec = StructuredOutputs(json=tool["function"].get("parameters") or {"type": "object"},
+                                         source=f"tools.{i}.function.parameters")
+                validate_constraint(spec)
+            constraint = chat.tool_choice_constraint(chat_setup, tools, mode, tool_name,
+                                                     req.parallel_tool_calls is not False, in_reasoning)
+        elif chat_setup.format is not None:
+            constraint = chat.reasoning_gate(chat_setup, constraint, in_reasoning)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        prompt_ids, params = validate(ids, req.sampling_params(max_tokens, logprobs), "messages")
+        skip = False if plan.active and chat_setup.special_markers else None
+        prompt_ids, params = validate(ids, req.sampling_params(max_tokens, logprobs, constraint, skip), "messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         subs, seqs = submissions([(prompt_ids, params)], rid)
         created = int(time.time())
 
         if req.stream:
+            parsers = [plan.new_parser() for _ in seqs]
+
             def chunk(choices: list, use: dict | None = None) -> str:
                 body = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": name,
                         "choices": choices}
@@ -333,22 +378,32 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
                                   "finish_reason": None}])
                 async for index, update in items:
                     seqs[index].add(update)
-                    if update.text_delta or update.finished or (req.logprobs and update.logprobs):
-                        lp = chat_logprobs([update.logprobs] if update.logprobs else []) if req.logprobs else None
+                    parser = parsers[index]
+                    if parser is None:
                         delta = {"content": update.text_delta} if update.text_delta else {}
-                        yield chunk([{"index": index, "delta": delta, "logprobs": lp,
-                                      "finish_reason": update.finish_reason if update.finished else None}])
+                    else:
+                        parsed = parser.feed(update.text_delta)
+                        if update.finished:
+                            parsed.extend(parser.finish())
+                        delta = chat.delta_fields(parsed)
+                    if delta or update.finished or (req.logprobs and update.logprobs):
+                        lp = chat_logprobs([update.logprobs] if update.logprobs else []) if req.logprobs else None
+                        finish = chat.finish_reason(update.finish_reason, parser) if update.finished else None
+                        yield chunk([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}])
                 if req.stream_options and req.stream_options.include_usage:
                     yield chunk([], usage(seqs, len(prompt_ids)))
 
             return await first_then_stream(subs, events)
 
         await collect(request, subs, seqs)
-        return {"id": rid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": s.text},
-                             "logprobs": chat_logprobs(s.logprobs) if req.logprobs else None,
-                             "finish_reason": s.finish_reason, "stop_reason": s.stop_reason}
-                            for i, s in enumerate(seqs)],
+        choices = []
+        for i, s in enumerate(seqs):
+            parsed = chat.parse_whole(plan.new_parser(), s.text)
+            choices.append({"index": i, "message": chat.message(parsed, s.text),
+                            "logprobs": chat_logprobs(s.logprobs) if req.logprobs else None,
+                            "finish_reason": chat.finish_reason(s.finish_reason, None, parsed),
+                            "stop_reason": s.stop_reason})
+        return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": choices,
                 "usage": usage(seqs, len(prompt_ids))}
 
     # -- SGLang native API ------------------------------------------------------------------------

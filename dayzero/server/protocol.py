@@ -9,11 +9,14 @@ sampling_params forbid unknown fields too, as SGLang's dataclasses do.
 
 from __future__ import annotations
 
+import json
+
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from dayzero.engine.sampling import SamplingParams
+from dayzero.structured import StructuredOutputs
 
 
 class APIError(Exception):
@@ -59,15 +62,95 @@ class _OpenAISampling(_Strict):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    # structured outputs: OpenAI's response_format; SGLang's regex / ebnf / json_schema; vLLM's structured_outputs
+    response_format: dict | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    json_schema: str | dict | None = None
+    structured_outputs: dict | None = None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def constraint(self) -> StructuredOutputs | None:
+        """The request's one output constraint, or None; APIError naming the field if it is malformed."""
+        found = [c for c in (response_format_constraint(self.response_format), _sglang_constraint(self),
+                             _vllm_constraint(self.structured_outputs)) if c is not None]
+        if len(found) > 1:
+            raise APIError(400, "give one output constraint: response_format, regex, ebnf, json_schema or "
+                                f"structured_outputs (got {', '.join(c.source for c in found)})", found[1].source)
+        return found[0] if found else None
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        structured: StructuredOutputs | None = None, skip_special_tokens: bool | None = None
+                        ) -> SamplingParams:
         given = {k: v for k, v in dict(
             temperature=self.temperature, top_p=self.top_p, seed=self.seed, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, top_k=self.top_k, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty).items() if v is not None}
+        skip = self.skip_special_tokens if skip_special_tokens is None else skip_special_tokens
         return SamplingParams(max_tokens=max_tokens, n=self.n, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
-                              ignore_eos=self.ignore_eos, logprobs=logprobs,
-                              skip_special_tokens=self.skip_special_tokens, **given)
+                              ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=skip,
+                              structured_outputs=structured, **given)
+
+
+def response_format_constraint(response_format: dict | None) -> StructuredOutputs | None:
+    """OpenAI's response_format: text (None), json_object, json_schema (its schema, enforced whether strict or not)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputs(json_object=True, source="response_format")
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format.json_schema.schema: expected a JSON schema object",
+                           "response_format.json_schema.schema")
+        return StructuredOutputs(json=schema, source="response_format.json_schema.schema")
+    raise APIError(400, f"response_format.type {kind!r} is not supported: expected text, json_object or json_schema",
+                   "response_format.type")
+
+
+def _sglang_constraint(req) -> StructuredOutputs | None:
+    """SGLang's json_schema (JSON text or an object), regex, ebnf: at most one."""
+    given = [(name, getattr(req, name)) for name in ("json_schema", "regex", "ebnf") if getattr(req, name) is not None]
+    if len(given) > 1:
+        raise APIError(400, f"give one of json_schema, regex, ebnf (got {', '.join(n for n, _ in given)})", given[1][0])
+    if not given:
+        return None
+    name, value = given[0]
+    if name == "json_schema":
+        return StructuredOutputs(json=value, source=name)
+    return StructuredOutputs(regex=value, source=name) if name == "regex" else StructuredOutputs(grammar=value, source=name)
+
+
+_VLLM_KEYS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def _vllm_constraint(spec: dict | None) -> StructuredOutputs | None:
+    """vLLM's structured_outputs: {"json": schema} | {"regex": ...} | {"choice": [...]} | {"grammar": ...} |
+    {"json_object": true}."""
+    if spec is None:
+        return None
+    given = {k: v for k, v in spec.items() if v is not None and v is not False}
+    unknown = sorted(set(given) - set(_VLLM_KEYS))
+    if unknown or len(given) != 1:
+        raise APIError(400, f"structured_outputs: give exactly one of {', '.join(_VLLM_KEYS)}"
+                            + (f" (unknown: {', '.join(unknown)})" if unknown else ""), "structured_outputs")
+    (key, value), = given.items()
+    where = f"structured_outputs.{key}"
+    if key == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise APIError(400, f"{where}: expected a non-empty list of strings", where)
+        return StructuredOutputs(lark="start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in value),
+                                 source=where)
+    if key == "json_object":
+        return StructuredOutputs(json_object=True, source=where)
+    if key == "json":
+        return StructuredOutputs(json=value, source=where)
+    if not isinstance(value, str):
+        raise APIError(400, f"{where}: expected a string", where)
+    return StructuredOutputs(regex=value, source=where) if key == "regex" else StructuredOutputs(grammar=value, source=where)
 
 
 class CompletionRequest(_OpenAISampling):
@@ -100,7 +183,9 @@ class ChatCompletionRequest(_OpenAISampling):
     tools: list[dict] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    response_format: dict | None = None
+    chat_template_kwargs: dict | None = None  # passed to the chat template (the thinking switch: `thinking`, ...)
+    reasoning_effort: str | None = None  # passed to the chat template too (gpt-oss: low, medium, high)
+    separate_reasoning: bool = True  # SGLang: False leaves the reasoning in content
 
 
 class SGLangSamplingParams(_Strict):
@@ -119,14 +204,19 @@ class SGLangSamplingParams(_Strict):
     seed: int | None = None  # SGLang calls it sampling_seed; both are accepted
     sampling_seed: int | None = None
     skip_special_tokens: bool = True
+    json_schema: str | dict | None = None  # structured outputs (at most one)
+    regex: str | None = None
+    ebnf: str | None = None
 
     def sampling_params(self, logprobs: int | None) -> SamplingParams:
         seed = self.sampling_seed if self.sampling_seed is not None else self.seed
+        structured = _sglang_constraint(self)
         return SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=self.top_k, min_p=self.min_p, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
                               ignore_eos=self.ignore_eos, repetition_penalty=self.repetition_penalty,
                               presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                              n=self.n, seed=seed, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens)
+                              n=self.n, seed=seed, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+                              structured_outputs=structured)
 
 
 class GenerateRequest(_Strict):

@@ -36,6 +36,11 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         raise ValueError(f"--port must be in [1, 65535], got {args.port}")
     if args.max_queued_requests < 0:
         raise ValueError(f"--max-queued-requests must be >= 0, got {args.max_queued_requests}")
+    from dayzero.chat.formats import format_named
+
+    for flag in (args.tool_call_parser, args.reasoning_parser):
+        if flag is not None:
+            format_named(flag)  # an unknown name fails before the load
     sock = bind(args.host, args.port)
     try:
         llm = LLM(model_dir, **engine_args, progress=True)
@@ -45,6 +50,7 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
         config = ServerConfig(
             served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
             max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
+            tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
             extra_info={"host": args.host, "port": args.port, "chunked_prefill_size": args.chunked_prefill_size,
                         "mem_fraction": args.mem_fraction, "kv_cache_gib": args.kv_cache_gib,
                         "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": not args.disable_prefix_caching,

@@ -161,3 +161,18 @@ def test_without_matplotlib_output_file_fails_before_the_run(tmp_path, monkeypat
     captured = capsys.readouterr()
     assert "--output-file also writes a PNG plot, which needs matplotlib: pip install matplotlib" in captured.err
     assert "Benchmark Result" not in captured.out and not (tmp_path / "r.json").exists()
+
+
+def test_json_schema_flag(tmp_path):
+    from dayzero.bench.command import _json_schema
+    from dayzero.bench.workload import RECORDS_SCHEMA
+
+    assert _json_schema(None) is None and _json_schema("records") is RECORDS_SCHEMA
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object"}')
+    assert _json_schema(str(schema)) == {"type": "object"}
+    schema.write_text("[1]")
+    with pytest.raises(ValueError, match="is an object"):
+        _json_schema(str(schema))
+    with pytest.raises(ValueError, match="no such file"):
+        _json_schema(str(tmp_path / "missing.json"))

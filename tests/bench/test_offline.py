@@ -42,11 +42,8 @@ def test_the_concurrency_limit_holds_and_every_token_is_timed(llm, limit):
     assert all(p.num_free == p.num_blocks for p in llm.scheduler.kv.pools)
 
 
-def test_the_benchmark_generates_what_generate_gives(llm):
-    """The runner drives the same engine as LLM.generate: greedy, the same tokens per prompt."""
-    requests = Workload(num_prompts=3, input_len=5, output_len=4, vocab_size=llm.vocab_size, seed=7).requests()
-    expected = [o.token_ids for o in llm.generate([r.prompt_token_ids for r in requests],
-                                                  SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))]
+def _recorded(llm, requests, limit, prefix):
+    """({request id: the tokens its updates carried}, the run) of run_offline."""
     tokens = {}
     step = llm.engine.step
 
@@ -58,9 +55,18 @@ def test_the_benchmark_generates_what_generate_gives(llm):
 
     llm.engine.step = recording_step
     try:
-        run_offline(llm.engine, requests, 2, prefix="check")
+        run = run_offline(llm.engine, requests, limit, prefix=prefix)
     finally:
         del llm.engine.step
+    return tokens, run
+
+
+def test_the_benchmark_generates_what_generate_gives(llm):
+    """The runner drives the same engine as LLM.generate: greedy, the same tokens per prompt."""
+    requests = Workload(num_prompts=3, input_len=5, output_len=4, vocab_size=llm.vocab_size, seed=7).requests()
+    expected = [o.token_ids for o in llm.generate([r.prompt_token_ids for r in requests],
+                                                  SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))]
+    tokens, _ = _recorded(llm, requests, 2, "check")
     assert [tokens[f"check-{i}"] for i in range(3)] == expected
 
 
@@ -69,3 +75,16 @@ def test_a_workload_the_model_cannot_hold_fails_before_anything_runs(llm):
     with pytest.raises(ValueError, match="prompt 0 is too long"):
         run_offline(llm.engine, requests, None)
     assert not llm.engine.has_unfinished()
+
+
+def test_a_json_schema_workload_is_constrained(llm):
+    """--json-schema: every request samples under the schema's mask (RECORDS_SCHEMA never completes, so
+    all output tokens are constrained: the text is a prefix of an array of records)."""
+    from dayzero.bench.workload import RECORDS_SCHEMA
+
+    w = Workload(num_prompts=2, input_len=4, output_len=8, vocab_size=llm.vocab_size, json_schema=RECORDS_SCHEMA)
+    tokens, run = _recorded(llm, w.requests(), None, "json")
+    assert all(r.ok and r.output_len == 8 for r in run.records)
+    for ids in tokens.values():
+        assert llm.tokenizer.decode(ids).startswith('[{"id":')
+    assert w.to_dict()["json_schema"] == RECORDS_SCHEMA

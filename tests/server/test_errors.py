@@ -37,7 +37,7 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
     ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -1}, "max_tokens"),
     ("/v1/chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools.0"),
     ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
     ("/generate", {"sampling_params": {"max_new_tokens": 2}}, "text"),
     ("/generate", {"text": "a", "input_ids": [1]}, "text"),
