@@ -119,6 +119,15 @@ class Settings:
         "DAYZERO_LOAD_THREADS", 0, _whole,
         "threads reading checkpoint files at load (dayzero/weights/fill.py); 0: min(8, CPU count); 1: one reader",
         shown="0")
+    max_image_pixels: int = setting(
+        "DAYZERO_MAX_IMAGE_PIXELS", 50_000_000, _whole,
+        "an image of more pixels (width x height, read from its header before decoding) is refused with a 400 "
+        "(dayzero/multimodal/images.py)", shown="50000000")
+    encoder_cache_tokens: int = setting(
+        "DAYZERO_ENCODER_CACHE_TOKENS", 32768, _whole,
+        "image features kept by the vision encoder's cache, in placeholder tokens (feature rows), least recently "
+        "used first out; an image repeated within them is not encoded again (dayzero/multimodal/feature_cache.py)",
+        shown="32768")
     pdl: bool = setting(
         "DAYZERO_PDL", True, _switch,
         "launch the decode layer's kernels with programmatic dependent launch (sm_90+; kernels/pdl.py)", shown="1")

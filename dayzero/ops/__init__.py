@@ -27,6 +27,7 @@ from dayzero.ops.hyper_connection import hyper_connection, hyper_connection_post
 from dayzero.ops.kda import (gated_rms_norm, kda_chunk, kda_chunk_varlen, kda_gate, kda_recurrent, kda_recurrent_slots,
                              short_conv1d, short_conv1d_varlen)
 from dayzero.ops.k3 import attention_residual, situ
+from dayzero.ops.vision import gelu, varlen_attention, vision_pos_embed
 import dayzero.kernels  # noqa: E402,F401  (registers the Triton kernels; imports Triton only at their first call)
 
 
