@@ -52,6 +52,7 @@ LAYOUTS = (
 @register_model
 class KimiK25ForConditionalGeneration(CausalLM):
     model_types = ("kimi_k25",)
+    image_placeholder = "<|media_begin|>image<|media_content|><|media_pad|><|media_end|>"  # one per image in a prompt
 
     def __init__(self, spec: ModelSpec, config: dict, dtype: torch.dtype, device: torch.device | str):
         super().__init__(spec, config, dtype, device)
