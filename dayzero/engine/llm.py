@@ -52,6 +52,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     metrics: dict = field(default_factory=dict)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission (vLLM's name)
 
     # the first completion's fields, for the common n=1 case
     @property
@@ -207,8 +208,12 @@ class LLM:
             requests.append((rid, text, ids, sub_ids))
         while self.engine.has_unfinished():
             self.engine.step()
-        return [RequestOutput(rid, text, ids, [self._completion(i, sub) for i, sub in enumerate(subs)])
-                for rid, text, ids, subs in requests]
+        outputs = []
+        for rid, text, ids, subs in requests:
+            cached = self.engine.tracks[subs[0]].request.num_cached_tokens
+            outputs.append(RequestOutput(rid, text, ids, [self._completion(i, sub) for i, sub in enumerate(subs)],
+                                         num_cached_tokens=cached))
+        return outputs
 
     def _prepare(self, prompt, params: SamplingParams, where: str):
         """(prompt ids, params, image placements) of one prompt, validated (Engine.validate, prepare_images)."""

@@ -85,7 +85,8 @@ def test_greedy_decode_after_images_equals_transformers(models):
             nxt = torch.tensor([[tokens[-1]]])
             logits.append(ours(nxt, positions(nxt, cache.length), cache)[0, -1])
             tokens.append(int(logits[-1].argmax()))
-        want = ref.generate(input_ids=ids, **_reference_inputs(images), max_new_tokens=steps, min_new_tokens=steps,
+        want = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **_reference_inputs(images),
+                            max_new_tokens=steps, min_new_tokens=steps,
                             do_sample=False, pad_token_id=0)
         full = ref(input_ids=want[:, :-1], **_reference_inputs(images)).logits[0, ids.shape[1] - 1:]
     assert tokens == want[0, ids.shape[1]:].tolist()
