@@ -216,7 +216,8 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
     config = json.loads((path / "config.json").read_text())
     config.pop("auto_map", None)
     model_type = REFERENCE_ALIASES.get(config.get("model_type"), config.get("model_type"))
-    quant = config.get("quantization_config") or {}
+    text_config = config.get("text_config") or {}  # a vision-language wrapper's language model
+    quant = config.get("quantization_config") or text_config.get("quantization_config") or {}
     fp8 = quant.get("quant_method") == "fp8" and _has_scale_inv(path)
     if dequantize is None:
         dequantize = fp8 and (torch.device(device).type != "cpu" or not _fp8_blocks_divide(path, quant))
@@ -224,17 +225,18 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
         raise ValueError(f"{path}: dequantize=True needs an FP8 block-quantized checkpoint "
                          f"(quant_method 'fp8', weights with weight_scale_inv)")
     if dequantize:
-        config.pop("quantization_config")
+        config.pop("quantization_config", None)
+        text_config.pop("quantization_config", None)
     reference_config = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+    auto = AutoModelForImageTextToText if model_type in VISION_MODEL_TYPES else AutoModelForCausalLM
     if dequantize:
-        cls = AutoModelForCausalLM._model_mapping[type(reference_config)]
+        cls = auto._model_mapping[type(reference_config)]
         model = cls.from_pretrained(None, config=reference_config, state_dict=_dequantized_state_dict(path, quant, dtype),
                                     dtype=dtype)
     elif model_type != config.get("model_type"):
         model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype,
                                                      **reference_load_kwargs(config))
     else:
-        auto = AutoModelForImageTextToText if model_type in VISION_MODEL_TYPES else AutoModelForCausalLM
         model = auto.from_pretrained(path, dtype=dtype, **reference_load_kwargs(config))
     if ties == "index":
         rank_reference_ties(model, model_type)
