@@ -135,12 +135,13 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), exc.param or where.split(" ")[0], code=exc.code) from None
 
-    def with_images(prompt, images: list, where: str, param: str):
-        """(prompt ids with the images' placeholders expanded, placements), or (prompt, ()) without images."""
+    async def with_images(prompt, images: list, where: str, param: str):
+        """(prompt ids with the images' placeholders expanded, placements), or (prompt, ()) without images.
+        Decoding and preprocessing run on a worker thread, not on the event loop."""
         if not images:
             return prompt, ()
         try:
-            return engine.prepare_images(prompt, images, where, param)
+            return await asyncio.to_thread(engine.prepare_images, prompt, images, where, param)
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), exc.param or param, code=exc.code) from None
 
@@ -320,7 +321,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             ids = llm.apply_chat_template(messages)
         except Exception as exc:  # the template rejects the conversation (roles out of order, ...)
             raise APIError(400, f"messages: the chat template failed: {exc}", "messages") from None
-        ids, placements = with_images(ids, images, "messages", "messages")
+        ids, placements = await with_images(ids, images, "messages", "messages")
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         prompt_ids, params = validate(ids, req.sampling_params(max_tokens, logprobs), "messages")
@@ -382,7 +383,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         logprobs = req.top_logprobs_num if req.return_logprob else None
         field_name = "text" if req.text is not None else "input_ids"
         images = _images_per_prompt(req.image_data, len(prompts), batched)
-        placed = [with_images(p, ims, field_name if len(prompts) == 1 else f"{field_name} {i}", "image_data")
+        placed = [await with_images(p, ims, field_name if len(prompts) == 1 else f"{field_name} {i}", "image_data")
                   for i, (p, ims) in enumerate(zip(prompts, images))]
         checked = [validate(p, sp.sampling_params(logprobs), field_name if len(prompts) == 1 else f"{field_name} {i}")
                    for i, ((p, _), sp) in enumerate(zip(placed, sps))]
