@@ -5,6 +5,7 @@
     python bench/checkpoints.py deepseek-v4-flash /tmp/dsv4 --layers 12  # or a given number of layers
     python bench/checkpoints.py deepseek-v4-flash --plan                 # bytes per layer, layers, shards; no files
     python bench/checkpoints.py deepseek-v3.2 /tmp/dsv32                 # 4 layers (3 dense + 1 MoE), 15.9 GiB
+    python bench/checkpoints.py kimi-k2.5 /tmp/kimi-k25                  # MoonViT + 2 text layers (1 dense + 1 MoE)
 
 gpt-oss-20b: the published config (24 layers, hidden 2880, 64 query / 8 kv heads of 64, 32 experts
 top-4, sliding window 128 on even layers, vocab 201088) and the published on-disk layout: experts as
@@ -33,6 +34,9 @@ indexer's weights_proj bf16, the router's correction bias float32), without the 
 is 0.56 GiB, a MoE layer 10.7 GiB, embeddings and head 3.45 GiB: the default 4 layers (3 dense, 1 MoE)
 are 15.9 GiB, enough to time attention, the indexer and one MoE layer at long context; `--layers 5`
 adds a second MoE layer (26.6 GiB).
+
+kimi-k2.5: Kimi K2.5's MoonViT and projector (0.47 B parameters) in the release names, bf16, over Kimi-K2's
+text model with the first `layers` layers (kimi_k25_config), FP8 as deepseek-v3.2's (without the indexer).
 
 Values are random with realistic scales (matrices ~ N(0, 1/K): FP8 values N(0, 1) under a block scale
 of 2^round(log2(K^-1/2)); FP4 codes uniform over all 16 with scales near 2^-7.5, so expert outputs stay
@@ -93,6 +97,7 @@ DEEPSEEK_V4_FLASH = {
 }
 
 V32_LAYERS = 4  # the default: DeepSeek-V3.2's 3 dense layers and one MoE layer
+K25_LAYERS = 2  # the default text layers of the Kimi K2.5 checkpoint: the dense one and one MoE layer
 
 
 def deepseek_v32_config() -> dict:
@@ -232,12 +237,14 @@ def deepseek_v4_plan(c: dict) -> list[Tensor]:
     return out
 
 
-def deepseek_v32_plan(c: dict) -> list[Tensor]:
-    """The release layout (tests/models/deepseek_checkpoints.py writes it at test size), tensor by tensor."""
+def deepseek_v32_plan(c: dict, prefix: str = "") -> list[Tensor]:
+    """The release layout (tests/models/deepseek_checkpoints.py writes it at test size), tensor by tensor;
+    without `index_n_heads` in the config (DeepSeek-V3, Kimi-K2) no indexer. prefix: before every name (a
+    wrapper's `language_model.`)."""
     h, vocab, heads = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
     q, kv, nope, rope, v = c["q_lora_rank"], c["kv_lora_rank"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
     experts, moe, dense = c["n_routed_experts"], c["moe_intermediate_size"], c["intermediate_size"]
-    index_heads, index_dim = c["index_n_heads"], c["index_head_dim"]
+    index_heads, index_dim = c.get("index_n_heads"), c.get("index_head_dim")
     bf16, f32 = torch.bfloat16, torch.float32
 
     def fp8(name, n, k):
@@ -259,10 +266,11 @@ def deepseek_v32_plan(c: dict) -> list[Tensor]:
         out += fp8(f"{a}.q_b_proj", heads * (nope + rope), q)
         out += fp8(f"{a}.kv_a_proj_with_mqa", kv + rope, h) + [Tensor(f"{a}.kv_a_layernorm.weight", bf16, (kv,), "norm")]
         out += fp8(f"{a}.kv_b_proj", heads * (nope + v), kv) + fp8(f"{a}.o_proj", h, heads * v)
-        out += fp8(f"{a}.indexer.wq_b", index_heads * index_dim, q) + fp8(f"{a}.indexer.wk", index_dim, h)
-        out += [Tensor(f"{a}.indexer.k_norm.weight", bf16, (index_dim,), "norm"),
-                Tensor(f"{a}.indexer.k_norm.bias", bf16, (index_dim,), "normal", (0.1,)),
-                Tensor(f"{a}.indexer.weights_proj.weight", bf16, (index_heads, h), "normal", (h ** -0.5,))]
+        if index_heads:
+            out += fp8(f"{a}.indexer.wq_b", index_heads * index_dim, q) + fp8(f"{a}.indexer.wk", index_dim, h)
+            out += [Tensor(f"{a}.indexer.k_norm.weight", bf16, (index_dim,), "norm"),
+                    Tensor(f"{a}.indexer.k_norm.bias", bf16, (index_dim,), "normal", (0.1,)),
+                    Tensor(f"{a}.indexer.weights_proj.weight", bf16, (index_heads, h), "normal", (h ** -0.5,))]
         if i < c["first_k_dense_replace"]:
             out += mlp(f"{p}.mlp", dense)
             continue
@@ -273,7 +281,52 @@ def deepseek_v32_plan(c: dict) -> list[Tensor]:
         out += mlp(f"{p}.mlp.shared_experts", moe * c["n_shared_experts"])
     out += [Tensor("model.norm.weight", bf16, (h,), "norm"),
             Tensor("lm_head.weight", bf16, (vocab, h), "normal", (h ** -0.5,))]
-    return out
+    return [Tensor(prefix + t.name, t.dtype, t.shape, t.draw, t.args) for t in out]
+
+
+def kimi_k25_config(layers: int | None = None) -> dict:
+    """Kimi K2.5's shape: the MoonViT of its config (27 layers, hidden 1152, 16 heads of 72, MLP 4304,
+    patch 14, a 64 x 64 position grid, 2 x 2 merge, projector 4608 -> 7168), transformers' kimi_k25 names,
+    over Kimi-K2's text model (tests/spec/fullsize_configs.py) cut to `layers` layers (default
+    K25_LAYERS: the dense layer and one of 384 experts) with FP8 block-scaled weights (K2-Instruct's
+    release; K2.5 ships int4 experts, which dayzero does not load yet)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.spec.fullsize_configs import config
+
+    text = dict(config("kimi-k2"), num_hidden_layers=layers or K25_LAYERS, eos_token_id=163586, bos_token_id=163584)
+    vision = {"patch_size": 14, "pos_emb_height": 64, "pos_emb_width": 64, "pos_emb_time": 4, "num_attention_heads": 16,
+              "num_hidden_layers": 27, "hidden_size": 1152, "intermediate_size": 4304, "merge_kernel_size": [2, 2],
+              "hidden_act": "gelu_pytorch_tanh", "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}}
+    return {"architectures": ["Kimi_K25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
+            "vision_config": vision, "projection_hidden_size": 1152, "projection_layer_norm_eps": 1e-5,
+            "image_token_id": 163605, "video_token_id": 163840, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def kimi_k25_plan(c: dict) -> list[Tensor]:
+    """MoonViT and its projector in the release names (bf16, every Linear with a bias), then the text model
+    under `language_model.`."""
+    v, bf16 = c["vision_config"], torch.bfloat16
+    d, inter, p = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    merged, text = d * 4, c["text_config"]["hidden_size"]
+
+    def linear(name, n, k):
+        return [Tensor(name + ".weight", bf16, (n, k), "normal", (k ** -0.5,)), Tensor(name + ".bias", bf16, (n,), "normal", (0.02,))]
+
+    def norm(name, n):
+        return [Tensor(name + ".weight", bf16, (n,), "norm"), Tensor(name + ".bias", bf16, (n,), "normal", (0.02,))]
+
+    out = [Tensor("vision_tower.patch_embed.proj.weight", bf16, (d, 3, p, p), "normal", ((3 * p * p) ** -0.5,)),
+           Tensor("vision_tower.patch_embed.proj.bias", bf16, (d,), "normal", (0.02,)),
+           Tensor("vision_tower.patch_embed.pos_emb.weight", bf16, (v["pos_emb_height"], v["pos_emb_width"], d), "normal",
+                  (0.5,))]
+    for i in range(v["num_hidden_layers"]):
+        b = f"vision_tower.encoder.blocks.{i}"
+        out += norm(f"{b}.norm0", d) + norm(f"{b}.norm1", d) + linear(f"{b}.wqkv", 3 * d, d) + linear(f"{b}.wo", d, d)
+        out += linear(f"{b}.mlp.fc0", inter, d) + linear(f"{b}.mlp.fc1", d, inter)
+    out += norm("vision_tower.encoder.final_layernorm", d)
+    out += norm("mm_projector.pre_norm", d) + linear("mm_projector.proj.0", merged, merged)
+    out += linear("mm_projector.proj.2", text, merged)
+    return out + deepseek_v32_plan(c["text_config"], prefix="language_model.")
 
 
 def layer_bytes(plan: list[Tensor], prefix: str) -> list[int]:
@@ -320,12 +373,15 @@ def config_for(kind: str, layers: int | None = None, **overrides) -> dict:
         if not 1 <= n <= 61:
             raise SystemExit(f"--layers must be in [1, 61] for deepseek-v3.2, got {n}")
         config.update(num_hidden_layers=n)
+    elif kind == "kimi-k2.5":
+        config = dict(kimi_k25_config(layers), **overrides)
     else:
         raise SystemExit(f"unknown checkpoint {kind!r}; known: {', '.join(KINDS)}")
     return config
 
 
-KINDS = {"gpt-oss-20b": gpt_oss_plan, "deepseek-v4-flash": deepseek_v4_plan, "deepseek-v3.2": deepseek_v32_plan}
+KINDS = {"gpt-oss-20b": gpt_oss_plan, "deepseek-v4-flash": deepseek_v4_plan, "deepseek-v3.2": deepseek_v32_plan,
+         "kimi-k2.5": kimi_k25_plan}
 
 
 def shards_of(plan: list[Tensor], shard_bytes: int | None = None) -> list[list[Tensor]]:
@@ -401,10 +457,12 @@ def write_checkpoint(kind: str, path: Path, device: str, layers: int | None = No
 def describe(kind: str, layers: int | None = None) -> str:
     config = config_for(kind, layers)
     plan = KINDS[kind](config)
-    per_layer = layer_bytes(plan, "layers." if kind == "deepseek-v4-flash" else "model.layers.")
+    per_layer = layer_bytes(plan, {"deepseek-v4-flash": "layers.", "kimi-k2.5": "language_model.model.layers."}.get(
+        kind, "model.layers."))
     total = sum(t.nbytes for t in plan)
     gib = 2**30
-    lines = [f"{kind}: {config['num_hidden_layers']} layers, {len(plan)} tensors, {total / gib:.2f} GiB in "
+    layers = config.get("num_hidden_layers", config.get("text_config", {}).get("num_hidden_layers"))
+    lines = [f"{kind}: {layers} layers, {len(plan)} tensors, {total / gib:.2f} GiB in "
              f"{len(shards_of(plan))} shard(s) ({total / H200_BYTES:.0%} of an H200's {H200_BYTES / gib:.0f} GiB)",
              f"  per layer {min(per_layer) / gib:.3f} - {max(per_layer) / gib:.3f} GiB; outside the layers "
              f"{(total - sum(per_layer)) / gib:.2f} GiB"]
@@ -419,7 +477,8 @@ def main() -> None:
     ap.add_argument("kind", choices=sorted(KINDS))
     ap.add_argument("path", type=Path, nargs="?")
     ap.add_argument("--layers", type=int, help="layers to write (default: gpt-oss-20b 24; deepseek-v4-flash: "
-                                               f"as many as fit FIT_FRACTION of an H200; deepseek-v3.2 {V32_LAYERS})")
+                                               f"as many as fit FIT_FRACTION of an H200; deepseek-v3.2 {V32_LAYERS}; "
+                                               f"kimi-k2.5: text layers, {K25_LAYERS})")
     ap.add_argument("--plan", action="store_true", help="print the plan and write nothing")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()

@@ -84,7 +84,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     model_dir = _model_dir(args.model)
     result = verify_checkpoint(model_dir, prompt_len=args.prompt_len, decode_steps=args.decode_steps, seed=args.seed,
                                dtype=args.dtype, device=args.device, tolerance=args.tolerance,
-                               reference_ties=args.reference_ties, tp=args.tp, ep=args.ep)
+                               reference_ties=args.reference_ties, tp=args.tp, ep=args.ep, images=args.image)
     print(json.dumps(result.to_dict(), indent=2) if args.json else format_result(result))
     if not result.passed:
         print(f"dayzero verify: {result.first_divergence['message']}", file=sys.stderr)
@@ -216,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dayzero's side split over this many tensor-parallel processes (default 1)")
     p.add_argument("--ep", "--ep-size", "--expert-parallel-size", dest="ep", type=int, default=1,
                    help="and its routed experts over this many; tp x ep processes (default 1)")
+    p.add_argument("--image", action="append", default=[], metavar="FILE",
+                   help="an image placed in the prompt (repeatable; vision-language models such as kimi_k25): both "
+                   "sides read the same pixels, dayzero through its own encoder")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser(

@@ -124,6 +124,15 @@ class Settings:
         "decode steps run the CUDA graphs' padded static step (dayzero/engine/graphs.py) eagerly where no graph "
         "is captured (the CPU, --no-cuda-graphs): to check the padding and the fixed buffers, every rank of a "
         "parallel job too", shown="0")
+    max_image_pixels: int = setting(
+        "DAYZERO_MAX_IMAGE_PIXELS", 50_000_000, _whole,
+        "an image of more pixels (width x height, read from its header before decoding) is refused with a 400 "
+        "(dayzero/multimodal/images.py)", shown="50000000")
+    encoder_cache_tokens: int = setting(
+        "DAYZERO_ENCODER_CACHE_TOKENS", 32768, _whole,
+        "image features kept by the vision encoder's cache, in placeholder tokens (feature rows), least recently "
+        "used first out; an image repeated within them is not encoded again (dayzero/multimodal/feature_cache.py)",
+        shown="32768")
     pdl: bool = setting(
         "DAYZERO_PDL", True, _switch,
         "launch the decode layer's kernels with programmatic dependent launch (sm_90+; kernels/pdl.py)", shown="1")

@@ -16,6 +16,12 @@ every prompt position against the full forward, the last one against the cached 
 step whose error passes the tolerance, or whose greedy token differs from the oracle's, is the
 first divergence.
 
+Images (vision-language models, `images=` / `--image FILE`). The prompt holds every image's placeholder
+tokens among the random ones (image i after the i-th of len(images) + 1 equal parts of the prompt), as
+dayzero's preprocessing expands them (dayzero.multimodal); both sides read the same pixels: dayzero
+through its own encoder and feature merge, transformers through `pixel_values` / `image_grid_thw` in its
+generate and its full forward.
+
 Top-k ties (DeepSeek-V3.2). The lightning indexer's scores tie exactly where ReLU zeros every head
 (common with few indexer heads), and `torch.topk`'s pick among tied scores depends on the row length
 it is given, so transformers' full forward (rows padded by the causal mask to the whole sequence)
@@ -87,6 +93,7 @@ class VerifyResult:
     seconds: dict = field(default_factory=dict)
     tp: int = 1  # dayzero's side split over tp x ep processes
     ep: int = 1
+    num_images: int = 0  # images in the prompt (their placeholder tokens are in prompt_ids)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +110,7 @@ def load_dayzero(path: str | Path, dtype: torch.dtype, device: str):
     return load_model(path, dtype=dtype, device=device, progress=False)
 
 
+VISION_MODEL_TYPES = ("kimi_k25",)  # transformers builds them as image-text-to-text models
 # model_types that transformers does not know under their own name, and the type it implements them as
 # (Kimi-K2 checkpoints say kimi_k2 and ship remote code; the architecture is DeepSeek-V3's)
 REFERENCE_ALIASES = {"kimi_k2": "deepseek_v3"}
@@ -119,12 +127,17 @@ def reference_load_kwargs(config: dict) -> dict:
     return {}
 
 
-def _dayzero_steps(model, prompt: torch.Tensor, decode_steps: int) -> tuple[list[torch.Tensor], list[int]]:
-    """Prefill, then greedy decode steps: step 0's logits of every prompt position [P, V], then [V] per step."""
+def _dayzero_steps(model, prompt: torch.Tensor, decode_steps: int, images=None) -> tuple[list[torch.Tensor], list[int]]:
+    """Prefill, then greedy decode steps: step 0's logits of every prompt position [P, V], then [V] per step.
+    images: the prompt's ImageInputs, encoded by the model and merged at its placeholders."""
     device, prompt_len = prompt.device, prompt.shape[1]
     cache = model.new_cache(batch=1)
     positions = torch.arange(prompt_len, device=device)[None]
-    steps = [model(prompt, positions, cache)[0]]
+    if images:
+        features = model.encode_images(torch.cat([im.pixels for im in images]), tuple(im.grid for im in images))
+        steps = [model(prompt, positions, cache, image_features=torch.cat(features))[0]]
+    else:
+        steps = [model(prompt, positions, cache)[0]]
     tokens = [int(steps[0][-1].argmax())]
     for k in range(1, decode_steps + 1):
         last = torch.tensor([[tokens[-1]]], device=device)
@@ -150,13 +163,15 @@ def _rank_steps(rank: int, tp: int, ep: int, init: str, path: str, dtype: torch.
 
 
 def run_dayzero(path: str | Path, dtype: torch.dtype, device: str, prompt: torch.Tensor, decode_steps: int,
-                tp: int = 1, ep: int = 1) -> tuple[str, list[torch.Tensor], list[int]]:
+                tp: int = 1, ep: int = 1, images=None) -> tuple[str, list[torch.Tensor], list[int]]:
     """dayzero's side: (model type, step logits, greedy tokens), in this process or split over tp x ep."""
     if tp * ep == 1:
         model = load_dayzero(path, dtype, device)
         with torch.no_grad():
-            steps, tokens = _dayzero_steps(model, prompt, decode_steps)
+            steps, tokens = _dayzero_steps(model, prompt, decode_steps, images)
         return model.spec.model_type, steps, tokens
+    if images:
+        raise ValueError("--image runs dayzero in one process; drop --tp / --ep")
     import torch.multiprocessing as mp
 
     from dayzero.engine.tp_workers import free_port
@@ -193,7 +208,7 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
     loader cannot be trusted with them: on a GPU it needs the `kernels` package from the Hub, and on
     CPU it derives the block size from the scale grid, which is wrong for any dim that is not a
     multiple of the block (a real kv_a_proj_with_mqa has 576 rows)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     if ties not in REFERENCE_TIES:
         raise ValueError(f"--reference-ties {ties!r} is not supported; choose one of {', '.join(REFERENCE_TIES)}")
@@ -201,7 +216,8 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
     config = json.loads((path / "config.json").read_text())
     config.pop("auto_map", None)
     model_type = REFERENCE_ALIASES.get(config.get("model_type"), config.get("model_type"))
-    quant = config.get("quantization_config") or {}
+    text_config = config.get("text_config") or {}  # a vision-language wrapper's language model
+    quant = config.get("quantization_config") or text_config.get("quantization_config") or {}
     fp8 = quant.get("quant_method") == "fp8" and _has_scale_inv(path)
     if dequantize is None:
         dequantize = fp8 and (torch.device(device).type != "cpu" or not _fp8_blocks_divide(path, quant))
@@ -209,17 +225,19 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
         raise ValueError(f"{path}: dequantize=True needs an FP8 block-quantized checkpoint "
                          f"(quant_method 'fp8', weights with weight_scale_inv)")
     if dequantize:
-        config.pop("quantization_config")
+        config.pop("quantization_config", None)
+        text_config.pop("quantization_config", None)
     reference_config = AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+    auto = AutoModelForImageTextToText if model_type in VISION_MODEL_TYPES else AutoModelForCausalLM
     if dequantize:
-        cls = AutoModelForCausalLM._model_mapping[type(reference_config)]
+        cls = auto._model_mapping[type(reference_config)]
         model = cls.from_pretrained(None, config=reference_config, state_dict=_dequantized_state_dict(path, quant, dtype),
                                     dtype=dtype)
     elif model_type != config.get("model_type"):
         model = AutoModelForCausalLM.from_pretrained(path, config=reference_config, dtype=dtype,
                                                      **reference_load_kwargs(config))
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **reference_load_kwargs(config))
+        model = auto.from_pretrained(path, dtype=dtype, **reference_load_kwargs(config))
     if ties == "index":
         rank_reference_ties(model, model_type)
     return model.to(device).eval()
@@ -317,10 +335,19 @@ class _ForceTokens:
         return forced
 
 
-def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+def reference_image_inputs(images) -> dict:
+    """transformers' image arguments (pixel_values, image_grid_thw) of the prompt's ImageInputs; {} for none."""
+    if not images:
+        return {}
+    return {"pixel_values": torch.cat([im.pixels for im in images]),
+            "image_grid_thw": torch.tensor([list(im.grid) for im in images])}
+
+
+def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int], **inputs) -> torch.Tensor:
     """transformers' cached `generate` over prompt [1, P] emitting `tokens` (forced): the raw
     logits of every step, float32 [len(tokens), vocab]. The model's own generation config (EOS,
-    sampling, penalties) is set aside so that nothing stops or alters the run."""
+    sampling, penalties) is set aside so that nothing stops or alters the run. inputs: more model
+    arguments (reference_image_inputs)."""
     from transformers import GenerationConfig, LogitsProcessorList
 
     steps = len(tokens)
@@ -329,7 +356,7 @@ def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int]) -> t
     try:
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=steps, min_new_tokens=steps,
                              do_sample=False, use_cache=True, output_logits=True, return_dict_in_generate=True,
-                             logits_processor=LogitsProcessorList([_ForceTokens(tokens, prompt.shape[1])]))
+                             logits_processor=LogitsProcessorList([_ForceTokens(tokens, prompt.shape[1])]), **inputs)
     finally:
         model.generation_config = saved
     if out.sequences[0, prompt.shape[1]:].tolist() != tokens:
@@ -341,9 +368,10 @@ def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int]) -> t
 @torch.no_grad()
 def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: int = 8, seed: int = 0,
                       dtype: str = "float32", device: str = "cpu", tolerance: float | None = None,
-                      reference_ties: str = "index", tp: int = 1, ep: int = 1) -> VerifyResult:
+                      reference_ties: str = "index", tp: int = 1, ep: int = 1, images=()) -> VerifyResult:
     """tp / ep: dayzero's side split over tp x ep processes (dayzero.parallel; gloo on the CPU, NCCL on
-    CUDA devices 0 ..), its logits gathered on rank 0, this process."""
+    CUDA devices 0 ..), its logits gathered on rank 0, this process. images: image files (or anything
+    dayzero.multimodal.images.load_image takes) placed in the prompt (module docstring)."""
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPES)}")
     if prompt_len < 1:
@@ -356,22 +384,30 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
     torch_dtype = DTYPES[dtype]
     seconds = {}
 
-    vocab = load_spec(path).vocab_size
+    spec = load_spec(path)
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab, (1, prompt_len), generator=gen).to(device)
+    prompt = torch.randint(0, spec.vocab_size, (1, prompt_len), generator=gen)
+    image_inputs = None
+    if images:
+        prompt, image_inputs = _prompt_with_images(path, spec, prompt, list(images))
+        prompt_len = prompt.shape[1]
+    prompt = prompt.to(device)
     started = time.perf_counter()
-    model_type, our_steps, tokens = run_dayzero(path, torch_dtype, device, prompt, decode_steps, tp, ep)
+    model_type, our_steps, tokens = run_dayzero(path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs)
     seconds["dayzero"] = time.perf_counter() - started  # its load included
     started = time.perf_counter()
     theirs = load_reference(path, torch_dtype, device, ties=reference_ties)
     seconds["load_transformers"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    cached = reference_cached_logits(theirs, prompt, tokens)
+    image_args = {k: v.to(device) for k, v in reference_image_inputs(image_inputs).items()}
+    if "pixel_values" in image_args:
+        image_args["pixel_values"] = image_args["pixel_values"].to(torch_dtype)
+    cached = reference_cached_logits(theirs, prompt, tokens, **image_args)
     seconds["transformers_cached"] = time.perf_counter() - started
     started = time.perf_counter()
     sequence = torch.cat([prompt, torch.tensor([tokens[:-1]], dtype=prompt.dtype, device=device)], dim=1)
-    full = theirs(input_ids=sequence, use_cache=False).logits[0].float()  # position p predicts token p + 1
+    full = theirs(input_ids=sequence, use_cache=False, **image_args).logits[0].float()  # position p predicts token p + 1
     seconds["transformers_full"] = time.perf_counter() - started
 
     steps = []
@@ -415,6 +451,7 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
         model_type=model_type,
         tp=tp,
         ep=ep,
+        num_images=len(image_inputs or ()),
         dtype=dtype,
         tolerance=tol,
         prompt_ids=prompt[0].tolist(),
@@ -436,11 +473,37 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
     )
 
 
+def _prompt_with_images(path, spec, prompt: torch.Tensor, sources: list):
+    """(the random prompt [1, P'] with every image's expanded placeholders, the ImageInputs): image i
+    after the i-th of len(sources) + 1 equal parts; the random tokens avoid the model's media token ids."""
+    from dayzero.models import model_class, read_config
+    from dayzero.multimodal.images import load_image
+    from dayzero.multimodal.placeholders import place_images
+    from dayzero.multimodal.processor import ImageProcessor
+    from dayzero.spec import resolve_config
+
+    if spec.vision is None or not hasattr(model_class(spec), "encode_images"):
+        raise ValueError(f"--image needs a model that reads images; {spec.model_type} has no vision tower dayzero runs")
+    config = resolve_config(read_config(path))
+    media = {int(config.get("image_token_id", 163605)), int(config.get("video_token_id", 163840))}
+    ids = [t if t not in media else (t + 1) % spec.vocab_size for t in prompt[0].tolist()]
+    processor = ImageProcessor.from_checkpoint(path, spec.vision)
+    images = [processor.preprocess(load_image(src, f"--image {src}")) for src in sources]
+    token = int(config.get("image_token_id", 163605))
+    cut = [len(ids) * (i + 1) // (len(images) + 1) for i in range(len(images))]
+    marked = []
+    for i, t in enumerate(ids):
+        marked += [token] * cut.count(i) + [t]
+    ids, _ = place_images(marked, images, token)
+    return torch.tensor([ids]), images
+
+
 def format_result(r: VerifyResult) -> str:
     ties = ", DSA top-k ties by key index" if r.reference_ties == "index" and r.model_type in DSA_TOPK_MODULES else ""
     split = f", dayzero over tp {r.tp} x ep {r.ep} processes" if r.tp * r.ep > 1 else ""
-    lines = [f"dayzero verify: {r.model_type}, {r.dtype}, prompt {len(r.prompt_ids)} tokens, {r.decode_steps} decode "
-             f"steps{split}",
+    images = f" ({r.num_images} image(s))" if r.num_images else ""
+    lines = [f"dayzero verify: {r.model_type}, {r.dtype}, prompt {len(r.prompt_ids)} tokens{images}, {r.decode_steps} "
+             f"decode steps{split}",
              f"  oracle: {r.oracle}{ties}; checked against transformers' cached generate (cached-full)",
              f"  {'step':<10} {'vs full':>10} {'vs cached':>10} {'cached-full':>12}  {'dayzero':>7} {'transformers':>12}"]
     for s in r.steps:

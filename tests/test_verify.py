@@ -242,3 +242,32 @@ def test_fp8_checkpoint_with_dims_off_the_block_grid_is_verified_with_dequantize
         except Exception:  # a transformers version that refuses the off-grid shape instead
             naive = None
     assert naive is None or rel_err(naive, good) > 1e-3
+
+
+def test_verify_with_images(tmp_path, capsys, monkeypatch):
+    """`--image FILE` (repeatable): the images' placeholders in the prompt, both sides reading the same
+    pixels; a perturbed vision weight on dayzero's side fails at prefill."""
+    from tests.models.kimi_k25_checkpoints import build_kimi_k25_checkpoint, random_image
+
+    path = build_kimi_k25_checkpoint(tmp_path, seed=5)
+    files = []
+    for i, size in enumerate([(28, 56), (150, 100)]):
+        files.append(tmp_path / f"{i}.png")
+        random_image(*size, seed=i).save(files[-1])
+    argv = ["verify", str(path), "--json", "--prompt-len", "8", "--decode-steps", "2"]
+    assert main(argv + [arg for f in files for arg in ("--image", str(f))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] and out["num_images"] == 2 and out["max_rel_err"] < 1e-4
+    assert len(out["prompt_ids"]) == 8 + 2 + 24  # the random tokens and the two images' placeholders
+    load = verify_mod.load_dayzero
+
+    def perturbed(*args, **kwargs):
+        model = load(*args, **kwargs)
+        with torch.no_grad():
+            model.vision_tower.encoder.blocks[1].mlp.fc1.weight.mul_(1.5)
+        return model
+
+    monkeypatch.setattr(verify_mod, "load_dayzero", perturbed)
+    assert main(argv + ["--image", str(files[0])]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["first_divergence"]["step"] == 0 and out["max_rel_err"] > 1e-3

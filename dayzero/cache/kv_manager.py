@@ -16,7 +16,9 @@ Invariants
   `match_prefix` (shared, already cached) and `allocate_slots` (fresh); `reclaim` and `free` give
   them back (free tail first).
 - Only full blocks of computed tokens are hashed and registered (`cache_full_blocks`), per group; a
-  block's hash chains its tokens to the block before it (`BlockHash.of`), so a match is a prefix.
+  block's hash chains its tokens to the block before it (`BlockHash.of`), so a match is a prefix. The
+  hash of a block that holds image placeholder tokens also covers the images' content hashes
+  (`Request.block_extra_keys`, vLLM's "extra keys"): equal placeholders of different images never match.
 - A prefix is reused only where every group can resume from it: full groups need all its blocks,
   window groups the blocks of its last W - 1 tokens, and a model with recurrent state a snapshot of
   that state at the prefix's end (`snapshots`, filled by the runner).
@@ -98,7 +100,8 @@ class KVCacheManager:
         hashes = self._block_hashes.setdefault(req.request_id, [])
         bs = self.block_size
         for i in range(len(hashes), num_blocks):
-            hashes.append(BlockHash.of(hashes[-1] if hashes else None, req.token_ids(i * bs, (i + 1) * bs)))
+            hashes.append(BlockHash.of(hashes[-1] if hashes else None, req.token_ids(i * bs, (i + 1) * bs),
+                                       req.block_extra_keys(i * bs, (i + 1) * bs)))
         return hashes[:num_blocks]
 
     def _window_start(self, group: int, num_tokens: int) -> int:

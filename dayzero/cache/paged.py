@@ -93,6 +93,7 @@ class _ProbeCache:
         self.seqs = SeqBatch.build([1], [1], device)
         self.layers = [_ProbeLayer(i, layout, self.seqs) for i in range(num_layers)]
         self.logits_indices = None
+        self.mm_embeds = None
 
 
 @torch.no_grad()
@@ -290,11 +291,14 @@ class PagedLayerView:
 
 class PagedStepCache:
     """The `cache` argument of one packed forward: `layers[i]` are the views, `meta` the step, and
-    `logits_indices` the rows whose logits the forward returns."""
+    `logits_indices` the rows whose logits the forward returns. `mm_embeds`: None, or (rows long [M],
+    features [M, hidden]) that take the place of the embeddings of those packed rows (image placeholder
+    tokens; vision-language models read it)."""
 
     def __init__(self, storage: "PagedKVStorage", meta: StepMetadata, num_layers: int):
         self.storage, self.meta = storage, meta
         self.logits_indices = meta.logits_indices
+        self.mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None
         self.layers = [PagedLayerView(storage, meta, i) for i in range(num_layers)]
         if storage.states and any(meta.fresh):  # fresh sequences start from zero state: one op per state tensor
             fresh = [s for s, f in zip(meta.state_slots_host, meta.fresh) if f]

@@ -22,6 +22,7 @@ import torch
 from dayzero import settings
 from dayzero.cache import BlockPool, KVCacheManager
 from dayzero.engine.detokenizer import IncrementalDetokenizer
+from dayzero.engine.encoder import ImageEncoder
 from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
@@ -34,6 +35,9 @@ from dayzero.engine.scheduler import Scheduler
 from dayzero.engine.tp_workers import PoolConfig
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
+from dayzero.multimodal.feature_cache import FeatureCache
+from dayzero.multimodal.images import ImageError
+from dayzero.multimodal.placeholders import ImagePlacement, place_images
 from dayzero.parallel import comm, current, dispatch
 from dayzero.startup import StartupTimer
 from dayzero.structured.grammar import GrammarCompiler, GrammarError
@@ -101,7 +105,7 @@ class Engine:
                  enable_prefix_caching: bool = True, num_state_snapshots: int | None = None,
                  kv_cache_dtype: str = "auto", seed: int = 0, cuda_graphs: bool = True, progress: bool = False,
                  async_scheduling: bool | None = None,
-                 startup: StartupTimer | None = None, peers=None):
+                 startup: StartupTimer | None = None, peers=None, image_processor=None):
         """KV pool: num_kv_blocks blocks of block_size tokens, else as many as kv_cache_bytes holds,
         else room for max_num_seqs requests of max_model_len. The KV lives in the pool's pages
         (PagedRunner) with prefix caching (enable_prefix_caching) and, for models with recurrent
@@ -111,7 +115,10 @@ class Engine:
         the log says why); progress: a bar while capturing. startup: the timer the engine's phases are
         recorded in (cache_layout, kv_pool, capture; self.startup, a fresh one when not given). peers: the
         other tensor-parallel ranks (dayzero.engine.tp_workers.Workers): they size their pools as this one,
-        capture the same decode graphs and run every step as this one does."""
+        capture the same decode graphs and run every step as this one does.
+        image_processor: for a model that reads images (`encode_images`), what turns a request's images into
+        its inputs (dayzero.multimodal.processor.ImageProcessor); the encoder's outputs are kept in a
+        FeatureCache of DAYZERO_ENCODER_CACHE_TOKENS rows (`self.feature_cache`)."""
         self.startup = startup if startup is not None else StartupTimer()
         self.model = model
         self.tokenizer = tokenizer
@@ -145,6 +152,11 @@ class Engine:
             phase.bytes = storage.nbytes
             phase.detail = f"{' + '.join(map(str, blocks))} blocks of {block_size} tokens"
         self.runner = PagedRunner(model, kv, storage, snapshots)
+        self.image_processor = image_processor if hasattr(model, "encode_images") else None
+        self.feature_cache = None
+        if self.image_processor is not None:
+            self.feature_cache = FeatureCache(settings.get().encoder_cache_tokens)
+            self.runner.encoder = ImageEncoder(model, self.feature_cache)
         graph_mode, blocker = None, None  # "capture", "static" (the padded step, eagerly) or None
         if cuda_graphs and model.device_.type == "cuda":
             blocker = model.cuda_graph_blocker(self.max_model_len) or dispatch.cuda_graph_blocker(current())
@@ -204,17 +216,7 @@ class Engine:
                 self.grammars.compile(spec)
             except GrammarError as exc:
                 raise InvalidRequestError(str(exc), exc.param) from None
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidRequestError(f"{where}: this checkpoint has no tokenizer; pass token ids instead of text",
-                                          field_name)
-            ids = list(self.tokenizer.encode(prompt))
-        else:
-            ids = list(prompt)
-            bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise InvalidRequestError(f"{where}: token id {bad!r} is outside the vocabulary [0, {self.vocab_size})",
-                                          field_name)
+        ids = self._token_ids(prompt, where)
         if not ids:
             raise InvalidRequestError(f"{where} is empty; at least one token is needed", field_name)
         n, context = len(ids), self.max_model_len
@@ -235,10 +237,46 @@ class Engine:
                                       "memory", "max_tokens", "context_length_exceeded")
         return ids, replace(params, max_tokens=max_tokens)
 
+    def _token_ids(self, prompt: str | Sequence[int], where: str) -> list[int]:
+        field_name = where.split(" ")[0]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError(f"{where}: this checkpoint has no tokenizer; pass token ids instead of text",
+                                          field_name)
+            return list(self.tokenizer.encode(prompt))
+        ids = list(prompt)
+        bad = next((t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(f"{where}: token id {bad!r} is outside the vocabulary [0, {self.vocab_size})",
+                                      field_name)
+        return ids
+
+    @property
+    def image_placeholder(self) -> str | None:
+        """The text a prompt marks an image with (Kimi K2.5: <|media_begin|>image<|media_content|><|media_pad|>
+        <|media_end|>), None for a model that reads no images."""
+        return getattr(self.model, "image_placeholder", None) if self.image_processor is not None else None
+
+    def prepare_images(self, prompt: str | Sequence[int], images: Sequence, where: str = "prompt",
+                       param: str = "images") -> tuple[list[int], tuple[ImagePlacement, ...]]:
+        """(the prompt's token ids with each image's placeholder expanded, the images' placements) for
+        `validate` and `add_request`; InvalidRequestError (param `param`) for an image that cannot be
+        decoded or is over the size limit, a model without a vision tower, or images that do not match
+        the prompt's placeholders (dayzero.multimodal.placeholders). Nothing is queued or encoded here."""
+        if self.image_processor is None:
+            raise InvalidRequestError(f"{param}: {self.model.spec.model_type} reads no images (it has no vision tower "
+                                      "or was loaded without an image processor); send text only", param)
+        ids = self._token_ids(prompt, where)
+        try:
+            inputs = [self.image_processor(source, f"{param}[{i}]") for i, source in enumerate(images)]
+            return place_images(ids, inputs, self.model.image_token_id, where)
+        except ImageError as exc:
+            raise InvalidRequestError(str(exc), param) from None
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    sample_index: int = 0) -> None:
-        """Queue a request whose prompt and params `validate` returned."""
-        req = Request(request_id, list(prompt_token_ids), params)
+                    sample_index: int = 0, images: tuple[ImagePlacement, ...] = ()) -> None:
+        """Queue a request whose prompt and params `validate` returned (and images, `prepare_images`)."""
+        req = Request(request_id, list(prompt_token_ids), params, images=tuple(images))
         state = self.sampler.new_state(params, req.prompt_token_ids, sample_index=sample_index,
                                        output_token_ids=req.output_token_ids)
         if params.structured_outputs is not None:

@@ -1,6 +1,11 @@
 """The offline API: `LLM(model=PATH).generate(prompts, SamplingParams(...))`, `LLM.chat(messages)`,
 `LLM.stream(prompt)`, over the engine core (dayzero/engine/engine.py). Every request of a call is
 validated before any is queued: a bad one raises ValueError naming the value and nothing runs.
+
+Prompts are text, token ids, or vLLM's dicts: {"prompt": text} or {"prompt_token_ids": ids}, with
+"multi_modal_data": {"image": an image or a list of them} for a model that reads images (a PIL image,
+bytes, a data: URL or a file:// path; one placeholder per image in the prompt, dayzero.multimodal).
+`chat` takes image parts in messages (dayzero.multimodal.chat).
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from dayzero.engine import tp_workers
 from dayzero.parallel.launch import launch_of
 from dayzero.parallel.state import check_expert_dispatch, set_expert_dispatch
 from dayzero.engine.engine import Engine, eos_token_ids, load_tokenizer
+from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.sampling import SamplingParams, TokenLogprobs
 from dayzero.engine.workspace import attach_expert_workspace
+from dayzero.multimodal.chat import split_images
+from dayzero.multimodal.images import ImageError
 from dayzero.ops import REGISTRY
 from dayzero.startup import StartupTimer
 
@@ -45,6 +53,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     metrics: dict = field(default_factory=dict)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission (vLLM's name)
 
     # the first completion's fields, for the common n=1 case
     @property
@@ -138,6 +147,11 @@ class LLM:
             with timer.phase("tokenizer"):
                 self.tokenizer = load_tokenizer(self.path)
                 eos = eos_token_ids(self.path, self.tokenizer)
+                image_processor = None
+                if self.model.spec.vision is not None and hasattr(self.model, "encode_images"):
+                    from dayzero.multimodal.processor import ImageProcessor
+
+                    image_processor = ImageProcessor.from_checkpoint(self.path, self.model.spec.vision)
             with timer.phase("workspace") as phase:
                 self.expert_workspace = attach_expert_workspace(self.model, fp8_workspace_gib, max_num_batched_tokens)
                 workspace_bytes = self.expert_workspace.capacity_bytes if self.expert_workspace is not None else 0
@@ -153,7 +167,8 @@ class LLM:
                                      kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=enable_prefix_caching,
                                      num_state_snapshots=num_state_snapshots, kv_cache_dtype=kv_cache_dtype, seed=seed,
                                      cuda_graphs=cuda_graphs and not enforce_eager, progress=progress, startup=timer,
-                                     async_scheduling=async_scheduling, peers=self.workers)
+                                     async_scheduling=async_scheduling, peers=self.workers,
+                                     image_processor=image_processor)
             logger.info("%s", timer.summary())
             self.vocab_size = self.engine.vocab_size
             self.max_model_len = self.engine.max_model_len
@@ -177,32 +192,70 @@ class LLM:
         return self.engine.runner
 
     # -- public API -------------------------------------------------------------------------------
-    def generate(self, prompts: str | Sequence[int] | Sequence[str | Sequence[int]],
+    def generate(self, prompts: str | Sequence[int] | dict | Sequence[str | Sequence[int] | dict],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Generate for one prompt or a list (text, or token ids); outputs in the prompts' order."""
-        prompts = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) else list(prompts)
+        """Generate for one prompt or a list (text, token ids, or a dict with images: module docstring);
+        outputs in the prompts' order."""
+        single = isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int))
+        prompts = [prompts] if single else list(prompts)
         params = sampling_params or SamplingParams()
         params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one, or one per prompt")
-        checked = [self.engine.validate(p, sp, f"prompt {i}") for i, (p, sp) in enumerate(zip(prompts, params))]
+        checked = [self._prepare(p, sp, f"prompt {i}") for i, (p, sp) in enumerate(zip(prompts, params))]
         requests = []
-        for prompt, (ids, sp) in zip(prompts, checked):
+        for prompt, (ids, sp, images) in zip(prompts, checked):
             rid = f"req-{next(self._ids)}"
             sub_ids = [f"{rid}-{i}" if sp.n > 1 else rid for i in range(sp.n)]
             for i, sub in enumerate(sub_ids):
-                self.engine.add_request(sub, ids, sp, sample_index=i)
-            requests.append((rid, prompt if isinstance(prompt, str) else None, ids, sub_ids))
+                self.engine.add_request(sub, ids, sp, sample_index=i, images=images)
+            text = prompt if isinstance(prompt, str) else prompt.get("prompt") if isinstance(prompt, dict) else None
+            requests.append((rid, text, ids, sub_ids))
         while self.engine.has_unfinished():
             self.engine.step()
-        return [RequestOutput(rid, text, ids, [self._completion(i, sub) for i, sub in enumerate(subs)])
-                for rid, text, ids, subs in requests]
+        outputs = []
+        for rid, text, ids, subs in requests:
+            cached = self.engine.tracks[subs[0]].request.num_cached_tokens
+            outputs.append(RequestOutput(rid, text, ids, [self._completion(i, sub) for i, sub in enumerate(subs)],
+                                         num_cached_tokens=cached))
+        return outputs
+
+    def _prepare(self, prompt, params: SamplingParams, where: str):
+        """(prompt ids, params, image placements) of one prompt, validated (Engine.validate, prepare_images)."""
+        images = ()
+        if isinstance(prompt, dict):
+            unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data"})
+            if unknown or ("prompt" in prompt) == ("prompt_token_ids" in prompt):
+                raise ValueError(f"{where}: a dict prompt has one of 'prompt' (text) or 'prompt_token_ids', and "
+                                 f"optionally 'multi_modal_data'; got keys {sorted(prompt)}")
+            mm = prompt.get("multi_modal_data") or {}
+            if not isinstance(mm, dict) or set(mm) - {"image"}:
+                raise ValueError(f"{where}: multi_modal_data takes 'image' (an image or a list of images); got "
+                                 f"{sorted(mm) if isinstance(mm, dict) else type(mm).__name__}")
+            text = prompt.get("prompt", prompt.get("prompt_token_ids"))
+            sources = mm.get("image")
+            if sources is not None:
+                sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+                prompt, images = self.engine.prepare_images(text, sources, where, "multi_modal_data.image")
+            else:
+                prompt = text
+        ids, params = self.engine.validate(prompt, params, where)
+        return ids, params, images
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Apply the checkpoint's chat template to one conversation (or a list) and generate."""
+        """Apply the checkpoint's chat template to one conversation (or a list) and generate. Message contents
+        may hold image parts (dayzero.multimodal.chat), for a model that reads images."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        return self.generate([self.apply_chat_template(c) for c in conversations], sampling_params)
+        prompts = []
+        for c in conversations:
+            try:
+                c, images = split_images(c, self.engine.image_placeholder, self.model.spec.model_type)
+            except ImageError as exc:
+                raise InvalidRequestError(str(exc), "messages") from None
+            ids = self.apply_chat_template(c)
+            prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}} if images else ids)
+        return self.generate(prompts, sampling_params)
 
     def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
         """The prompt ids of a conversation, by the checkpoint's chat template; tools (OpenAI function
@@ -213,14 +266,14 @@ class LLM:
                                                  **template_kwargs)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    def stream(self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt: str | Sequence[int] | dict, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Generate for one prompt, yielding text as it becomes final (a possible stop-string prefix
         is held back until it resolves). Abandoning the iterator aborts the request."""
-        ids, sp = self.engine.validate(prompt, sampling_params or SamplingParams())
+        ids, sp, images = self._prepare(prompt, sampling_params or SamplingParams(), "prompt")
         if sp.n != 1:
             raise ValueError(f"stream generates one completion; got n={sp.n}")
         rid = f"req-{next(self._ids)}"
-        self.engine.add_request(rid, ids, sp)
+        self.engine.add_request(rid, ids, sp, images=images)
         done = False
         try:
             while not done:

@@ -12,6 +12,10 @@ whenever a request's computed tokens reach a block boundary (the scheduler ends 
 block boundaries for such models: `Scheduler.align_chunks`) under that prefix's block hash, and a
 request admitted with a cached prefix resumes from the saved state (dayzero.cache.snapshots).
 
+With `encoder` set (dayzero.engine.encoder.ImageEncoder: vision-language models), the step's image
+placeholder tokens get their images' features (encoded first where the feature cache lacks them) in
+place of their embeddings (`cache.mm_embeds`); such a step runs eagerly.
+
 With `graphs` set (dayzero.engine.graphs.DecodeGraphs, made by the engine on CUDA), a decode-only
 step of up to its largest bucket replays a captured CUDA graph instead of building the metadata and
 running the forward eagerly; `num_graph_steps` counts those.
@@ -47,6 +51,7 @@ class PagedRunner:
         self.host_tables = defaultdict(HostTables)  # per cache group: tables converted incrementally
         self.num_graph_steps = 0
         self.peers = None  # the other tensor-parallel ranks (dayzero.engine.tp_workers.Workers), when any
+        self.encoder = None  # dayzero.engine.encoder.ImageEncoder, for models that read images
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, pending: tuple[list[str], torch.Tensor] | None = None
@@ -84,7 +89,11 @@ class PagedRunner:
         message = StepMessage(restores, steps, snapshots, graph,
                               None if inputs is None else (*inputs, len(pending[0])))
         patch = None if inputs is None else pending_patch(*inputs, pending[1], self.device)
-        if self.peers is None:
+        mm_embeds = None if self.encoder is None else self.encoder.step_inputs(order)
+        if mm_embeds is not None:  # a prompt step with images' features (vision models run in one process)
+            logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch,
+                              mm_embeds=mm_embeds)
+        elif self.peers is None:
             logits = self._run(message, patch)
         else:  # the other tensor-parallel ranks run the same step on their shares
             try:
@@ -169,10 +178,11 @@ def pending_patch(rows: list[int], src: list[int], tokens: torch.Tensor, device:
 
 
 def run_step(model: CausalLM, storage: PagedKVStorage, block_size: int, host_tables, message: StepMessage,
-             patch=None, graphs=None) -> torch.Tensor:
+             patch=None, graphs=None, mm_embeds=None) -> torch.Tensor:
     """The step on this rank: restore states, one packed forward (the logits of the sampled rows), save
     snapshots. patch: writes pending input ids into the step's device ids (async scheduling); graphs: the
-    DecodeGraphs a `message.graph` step runs through (a replay) instead of the eager forward."""
+    DecodeGraphs a `message.graph` step runs through (a replay) instead of the eager forward; mm_embeds:
+    the forward's cache.mm_embeds (images' features, dayzero/engine/encoder.py)."""
     for src, dst in message.restores:
         storage.copy_state(src, dst)
     if message.graph:
@@ -183,8 +193,9 @@ def run_step(model: CausalLM, storage: PagedKVStorage, block_size: int, host_tab
         meta = build_step(message.steps, storage.layout, block_size, model.device_, host_tables)
         if patch is not None:
             patch(meta.input_ids)
-        logits = model.forward_packed(meta.input_ids, meta.positions,
-                                      PagedStepCache(storage, meta, model.spec.num_layers))
+        cache = PagedStepCache(storage, meta, model.spec.num_layers)
+        cache.mm_embeds = mm_embeds
+        logits = model.forward_packed(meta.input_ids, meta.positions, cache)
     for src, dst in message.snapshots:
         storage.copy_state(src, dst)
     return logits

@@ -12,9 +12,10 @@ registry (dayzero/ops/registry.py) beside the reference ops, for CUDA.
     hc/       DeepSeek-V4's hyper-connections (hyper_connection, hyper_connection_post), one launch each
     v4/       DeepSeek-V4 attention: the compressor (kv_compressor) in one launch
     linear/   dense projections with FP8 block-scaled weights (linear_fp8_block)
+    vision/   the vision encoder's packed bidirectional attention (varlen_attention) through torch's kernels
 Shared by the families: devices.py (device facts looked up once), pdl.py (programmatic dependent
 launch), checks.py (argument checks, `supports` predicates). Importing registers every kernel without
 importing Triton (that happens at a kernel's first call). See docs/kernels.md.
 """
 
-from dayzero.kernels import attention, dsa, gdn, hc, kda, linear, moe, routing, token, v4  # noqa: F401  (register their kernels)
+from dayzero.kernels import attention, dsa, gdn, hc, kda, linear, moe, routing, token, v4, vision  # noqa: F401  (register their kernels)

@@ -18,7 +18,7 @@ from dayzero.spec import ModelSpec, UnsupportedModelError, load_spec, resolve_co
 from dayzero.startup import StartupTimer
 
 # model file (module under dayzero.models) for each family; the module registers its classes on import
-FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear", "glm4_moe", "qwen3_5_moe")
+FAMILY_MODULES = ("deepseek_v3", "deepseek_v4", "gpt_oss", "kimi_linear", "kimi_k25", "glm4_moe", "qwen3_5_moe")
 
 MODELS: dict[str, type[CausalLM]] = {}
 
@@ -42,7 +42,7 @@ def _import_families() -> None:
 
 def model_class(spec: ModelSpec) -> type[CausalLM]:
     _import_families()
-    cls = MODELS.get(spec.model_type)  # a wrapper (kimi_k25: vision + text) needs its own model file
+    cls = MODELS.get(spec.model_type)
     if cls is None:
         raise UnsupportedModelError(
             "model_type", spec.model_type, tuple(sorted(MODELS)), spec.source or "config.json",

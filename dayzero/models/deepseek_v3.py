@@ -349,8 +349,12 @@ class DeepseekV3ForCausalLM(CausalLM):
         return None
 
     def forward_packed(self, input_ids: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        return self.forward_embeds(self.model.embed_tokens(input_ids), positions, cache)
+
+    def forward_embeds(self, x: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """The packed forward from the input embeddings x [N, hidden] (a vision-language wrapper's
+        tokens with image features in place: dayzero/models/kimi_k25.py)."""
         cos, sin = self.rope.cos_sin(positions)
-        x = self.model.embed_tokens(input_ids)
         x = pre_norm_residuals(x, [b for layer, c in zip(self.model.layers, cache.layers) for b in layer.blocks(cos, sin, c)])
         head = self.model.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
         return lm_logits(x, cache, self.model.norm, head)

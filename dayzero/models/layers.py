@@ -71,6 +71,19 @@ def pre_norm_residuals(h: torch.Tensor, blocks) -> torch.Tensor:
     return h
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dim with `weight` and `bias` [dim] (ops.layer_norm: float32 inside)."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = empty_param((dim,), dtype, device)
+        self.bias = empty_param((dim,), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+
 class Embedding(nn.Module):
     def __init__(self, vocab: int, dim: int, dtype: torch.dtype = torch.float32, device=None):
         super().__init__()

@@ -28,6 +28,7 @@ from dayzero.ops.kda import (gated_rms_norm, kda_chunk, kda_chunk_varlen, kda_ga
                              short_conv1d, short_conv1d_varlen)
 from dayzero.ops.gdn import gdn_chunk, gdn_chunk_varlen, gdn_recurrent, gdn_recurrent_slots
 from dayzero.ops.k3 import attention_residual, situ
+from dayzero.ops.vision import gelu, varlen_attention, vision_pos_embed
 import dayzero.kernels  # noqa: E402,F401  (registers the Triton kernels; imports Triton only at their first call)
 
 

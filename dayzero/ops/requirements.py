@@ -64,7 +64,10 @@ HYPER_CONNECTION = "hyper_connection"  # mix the streams into a block input (als
 HYPER_CONNECTION_POST = "hyper_connection_post"  # write a block's output back into the streams
 ATTENTION_RESIDUAL = "attention_residual"
 # vision
-VISION_ENCODER = "vision_encoder"
+VISION_POS_EMBED = "vision_pos_embed"  # MoonViT: the learned grid resampled per image, + time sin/cos
+VARLEN_ATTENTION = "varlen_attention"  # bidirectional attention within each packed image
+GELU = "gelu"
+VISION_ENCODER = "vision_encoder"  # a vision tower dayzero does not run yet (Kimi K3's MoonViT3d): no op has it
 
 ALL_OPS = (
     RMS_NORM, ADD_RMS_NORM, LAYER_NORM, GATED_RMS_NORM, ROPE, ROPE_KV_WRITE, EMBEDDING, LINEAR, LINEAR_FP8_BLOCK,
@@ -74,7 +77,8 @@ ALL_OPS = (
     GDN_CHUNK, GDN_CHUNK_VARLEN, GDN_RECURRENT, GDN_RECURRENT_SLOTS,
     ROUTE_SOFTMAX_TOPK, ROUTE_SIGMOID_GROUPED, ROUTE_SQRTSOFTPLUS, ROUTE_HASH,
     MOE_EXPERTS_BF16, MOE_EXPERTS_FP8, MOE_EXPERTS_MXFP4,
-    SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_ENCODER,
+    SWIGLU, SWIGLU_CLAMPED, SITU, HYPER_CONNECTION, HYPER_CONNECTION_POST, ATTENTION_RESIDUAL, VISION_POS_EMBED,
+    VARLEN_ATTENTION, GELU, VISION_ENCODER,
 )
 
 _ROUTE_OP = {"softmax": ROUTE_SOFTMAX_TOPK, "sigmoid": ROUTE_SIGMOID_GROUPED, "sqrtsoftplus": ROUTE_SQRTSOFTPLUS}
@@ -151,7 +155,9 @@ def model_level_ops(spec: ModelSpec) -> dict[str, list[str]]:
         parts["hyper_head"] = [HYPER_CONNECTION]
     elif spec.cross_layer.kind == "attention_residual":
         parts["output_mix"] = [ATTENTION_RESIDUAL]
-    if spec.vision is not None:
+    if spec.vision is not None and spec.vision.kind == "moonvit":  # patch embedding = linear (models/moonvit.py)
+        parts["vision_tower"] = [LINEAR, VISION_POS_EMBED, LAYER_NORM, ROPE, VARLEN_ATTENTION, GELU]
+    elif spec.vision is not None:
         parts["vision_tower"] = [VISION_ENCODER]
     return parts
 

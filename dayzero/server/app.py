@@ -29,6 +29,8 @@ from dayzero.engine.engine import RequestUpdate
 from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import SamplingParams
+from dayzero.multimodal.chat import split_images
+from dayzero.multimodal.images import ImageError
 from dayzero.structured import StructuredOutputs
 from dayzero.structured.grammar import GrammarError
 from dayzero.server import chat
@@ -144,13 +146,23 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), exc.param or where.split(" ")[0], code=exc.code) from None
 
-    def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, rids: list[str] | None = None
-                    ) -> tuple[list[Submission], list[_Seq]]:
+    async def with_images(prompt, images: list, where: str, param: str):
+        """(prompt ids with the images' placeholders expanded, placements), or (prompt, ()) without images.
+        Decoding and preprocessing run on a worker thread, not on the event loop."""
+        if not images:
+            return prompt, ()
+        try:
+            return await asyncio.to_thread(engine.prepare_images, prompt, images, where, param)
+        except InvalidRequestError as exc:
+            raise APIError(400, str(exc), exc.param or param, code=exc.code) from None
+
+    def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, rids: list[str] | None = None,
+                    images: list[tuple] | None = None) -> tuple[list[Submission], list[_Seq]]:
         subs, seqs = [], []
         for p, (ids, sp) in enumerate(prompts):
             base = rids[p] if rids else f"{prefix}-{p}"
             for i in range(sp.n):
-                subs.append(Submission(f"{base}-{i}" if sp.n > 1 else base, ids, sp, i))
+                subs.append(Submission(f"{base}-{i}" if sp.n > 1 else base, ids, sp, i, images[p] if images else ()))
                 seqs.append(_Seq(p, ids))
         return subs, seqs
 
@@ -329,18 +341,16 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         if constraint is not None and mode in ("required", "named"):
             raise APIError(400, f"{constraint.source} cannot be combined with tool_choice {req.tool_choice!r}: a tool "
                                 "call is the constrained output", constraint.source)
-        messages = []
-        for i, m in enumerate(req.messages):
-            msg = m.model_dump(exclude_none=True)
-            if isinstance(m.content, list):
-                if any(part.type != "text" or part.text is None for part in m.content):
-                    raise APIError(400, f"messages.{i}.content: only text parts are supported", f"messages.{i}.content")
-                msg["content"] = "".join(part.text for part in m.content)
-            messages.append(msg)
+        try:  # image parts become the model's placeholder text (dayzero.multimodal.chat)
+            messages, images = split_images([m.model_dump(exclude_none=True) for m in req.messages],
+                                            engine.image_placeholder, engine.model.spec.model_type)
+        except ImageError as exc:
+            raise APIError(400, str(exc), "messages") from None
         template_kwargs = dict(req.chat_template_kwargs or {})
         if req.reasoning_effort is not None:
             template_kwargs.setdefault("reasoning_effort", req.reasoning_effort)
         ids = chat.render(llm, messages, tools, template_kwargs)
+        ids, placements = await with_images(ids, images, "messages", "messages")
         in_reasoning = chat.prompt_in_reasoning(chat_setup, tokenizer, ids)
         setup = chat_setup if req.separate_reasoning else dataclasses.replace(chat_setup, reasoning=False)
         plan = chat.ChatPlan(setup, parse_tools=bool(tools) and mode != "none" and chat_setup.tools,
@@ -359,7 +369,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         skip = False if plan.active and chat_setup.special_markers else None
         prompt_ids, params = validate(ids, req.sampling_params(max_tokens, logprobs, constraint, skip), "messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        subs, seqs = submissions([(prompt_ids, params)], rid)
+        subs, seqs = submissions([(prompt_ids, params)], rid, images=[placements])
         created = int(time.time())
 
         if req.stream:
@@ -427,9 +437,12 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             raise APIError(400, f"got {len(rids)} rids for {len(prompts)} prompts", "rid")
         logprobs = req.top_logprobs_num if req.return_logprob else None
         field_name = "text" if req.text is not None else "input_ids"
+        images = _images_per_prompt(req.image_data, len(prompts), batched)
+        placed = [await with_images(p, ims, field_name if len(prompts) == 1 else f"{field_name} {i}", "image_data")
+                  for i, (p, ims) in enumerate(zip(prompts, images))]
         checked = [validate(p, sp.sampling_params(logprobs), field_name if len(prompts) == 1 else f"{field_name} {i}")
-                   for i, (p, sp) in enumerate(zip(prompts, sps))]
-        subs, seqs = submissions(checked, f"gen-{uuid.uuid4().hex}", rids)
+                   for i, ((p, _), sp) in enumerate(zip(placed, sps))]
+        subs, seqs = submissions(checked, f"gen-{uuid.uuid4().hex}", rids, [pl for _, pl in placed])
         arrival = time.perf_counter()
         many = batched or len(seqs) > 1
 
@@ -472,7 +485,8 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
     async def get_model_info():
         return {"model_path": str(llm.path), "tokenizer_path": str(llm.path) if tokenizer is not None else None,
                 "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
-                "has_image_understanding": False, "has_audio_understanding": False, "served_model_name": name,
+                "has_image_understanding": engine.image_placeholder is not None, "has_audio_understanding": False,
+                "served_model_name": name,
                 "max_model_len": llm.max_model_len}
 
     def kv_state(e) -> dict:
@@ -536,6 +550,19 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app
+
+
+def _images_per_prompt(image_data, num_prompts: int, batched: bool) -> list[list]:
+    """SGLang's image_data as one list of images per prompt: one prompt takes an image or a list; a batch
+    takes one entry per prompt (an image, a list, or null)."""
+    if image_data is None:
+        return [[] for _ in range(num_prompts)]
+    if not batched:
+        return [image_data if isinstance(image_data, list) else [image_data]]
+    if not isinstance(image_data, list) or len(image_data) != num_prompts:
+        raise APIError(400, f"image_data: a batch of {num_prompts} prompts takes a list of {num_prompts} entries (an "
+                            "image, a list of images or null per prompt)", "image_data")
+    return [[] if d is None else d if isinstance(d, list) else [d] for d in image_data]
 
 
 async def _wait_disconnect(request: Request) -> None:

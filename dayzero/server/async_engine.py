@@ -38,13 +38,14 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class Submission:
-    """One sequence to generate: a request id, validated prompt ids and params, and which of a
-    request's n completions it is (seeds completion i with seed + i)."""
+    """One sequence to generate: a request id, validated prompt ids and params (and images), and which of
+    a request's n completions it is (seeds completion i with seed + i)."""
 
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
     sample_index: int = 0
+    images: tuple = ()  # the prompt's image placements (Engine.prepare_images)
 
 
 @dataclass
@@ -166,7 +167,7 @@ class AsyncEngine:
         kind = command[0]
         if kind == "add":
             _, sub, route = command
-            self.engine.add_request(sub.request_id, sub.prompt_token_ids, sub.params, sub.sample_index)
+            self.engine.add_request(sub.request_id, sub.prompt_token_ids, sub.params, sub.sample_index, sub.images)
             self._routes[sub.request_id] = route
             self.metrics.on_prompt(len(sub.prompt_token_ids))
         elif kind == "abort":

@@ -222,6 +222,8 @@ class SGLangSamplingParams(_Strict):
 class GenerateRequest(_Strict):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
+    # per prompt: an image (data: URL, file:// path or base64) or a list of them; a list of those when batched
+    image_data: str | list[str | list[str] | None] | None = None
     sampling_params: SGLangSamplingParams | list[SGLangSamplingParams] | None = None
     stream: bool = False
     rid: str | list[str] | None = None

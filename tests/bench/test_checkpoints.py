@@ -99,12 +99,12 @@ def test_the_v32_config_is_the_published_one_and_its_plan_the_release_layout(tmp
 
 
 @pytest.mark.parametrize("kind,layers", [("deepseek-v4-flash", None), ("deepseek-v4-flash", 43), ("gpt-oss-20b", None),
-                                         ("deepseek-v3.2", None), ("deepseek-v3.2", 61)])
+                                         ("deepseek-v3.2", None), ("deepseek-v3.2", 61), ("kimi-k2.5", None)])
 def test_the_config_reads_through_spec_and_inspect(tmp_path, kind, layers):
     config = ck.config_for(kind, layers)
     (tmp_path / "config.json").write_text(json.dumps(config))
     spec = load_spec(tmp_path)
-    assert len(spec.layers) == config["num_hidden_layers"]
+    assert len(spec.layers) == (config.get("text_config") or config)["num_hidden_layers"]
     planned = sum(t.nbytes for t in ck.KINDS[kind](config))
     estimate = weight_bytes(spec)
     assert sum(estimate.values()) == pytest.approx(planned, rel=0.01)  # dayzero.plan's count from the config
@@ -156,3 +156,25 @@ def test_layers_outside_the_schedule_are_refused():
         ck.config_for("deepseek-v4-flash", 44)
     with pytest.raises(SystemExit, match=r"--layers must be in \[1, 61\]"):
         ck.config_for("deepseek-v3.2", 62)
+
+
+def test_the_kimi_k25_checkpoint_reads_images(tmp_path):
+    """MoonViT at test size over a two-layer K2 text model: it loads, and an image's features and the logits
+    after it are finite and not vanishing."""
+    from dayzero.multimodal.processor import ImageProcessor
+    from tests.models.kimi_k25_checkpoints import random_image
+
+    big = ck.kimi_k25_config()
+    text = {k: v for k, v in SMALL_V32.items() if not k.startswith("index_")}
+    small = {"text_config": {**big["text_config"], **text, "n_group": 1, "topk_group": 1},
+             "vision_config": {**big["vision_config"], "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2,
+                               "intermediate_size": 64, "pos_emb_height": 8, "pos_emb_width": 8},
+             "projection_hidden_size": 32, "image_token_id": 255}
+    path = ck.write_checkpoint("kimi-k2.5", tmp_path, "cpu", None, **small)
+    model = load_model(path, dtype=torch.float32, progress=False)
+    image = ImageProcessor.from_checkpoint(path, model.spec.vision).preprocess(random_image(56, 84))
+    with torch.no_grad():
+        features = torch.cat(model.encode_images(image.pixels, (image.grid,)))
+        ids = torch.tensor([[1, 2] + [255] * image.num_tokens + [3]])
+        logits = model(ids, torch.arange(ids.shape[1])[None], image_features=features)
+    assert features.shape == (6, 128) and torch.isfinite(logits).all() and features.std() > 0.1 and logits.std() > 0.1

@@ -84,3 +84,43 @@ def test_models_use_the_mxfp4_kernel_in_bfloat16(family, tmp_path):
     assert sorted(per_position)[len(per_position) // 2] < 5e-2, per_position
     agree = (fast[0].argmax(-1) == reference[0].argmax(-1)).float().mean().item()
     assert agree >= 0.8, agree
+
+
+def test_kimi_k25_with_images_on_cuda(tmp_path):
+    """dayzero verify --image on the GPU against transformers there: float32 (the encoder's attention as
+    SDPA per image) and bfloat16 (torch's varlen FlashAttention kernel, one launch for the images)."""
+    from dayzero.ops import REGISTRY
+    from tests.models.kimi_k25_checkpoints import build_kimi_k25_checkpoint, random_image
+
+    path = build_kimi_k25_checkpoint(tmp_path)
+    files = []
+    for i, size in enumerate([(56, 42), (150, 100)]):
+        files.append(tmp_path / f"{i}.png")
+        random_image(*size, seed=i).save(files[-1])
+    result = verify_checkpoint(path, prompt_len=16, decode_steps=4, device="cuda", images=files)
+    assert result.passed, result.first_divergence
+    with REGISTRY.record_calls(by_backend=True) as calls:
+        result = verify_checkpoint(path, prompt_len=16, decode_steps=4, device="cuda", dtype="bfloat16", images=files)
+    assert calls.get("varlen_attention@torch", 0) > 0
+    assert result.max_rel_err < 5e-2
+
+
+def test_kimi_k25_engine_on_cuda_equals_the_cpu(tmp_path):
+    """The engine on the GPU (decode graphs, async scheduling, the encoder step) gives the CPU engine's
+    greedy tokens for prompts with images, float32."""
+    from dayzero import LLM, SamplingParams
+    from tests.models.kimi_k25_checkpoints import IMAGE_PLACEHOLDER, build_kimi_k25_checkpoint, random_image
+
+    path = build_kimi_k25_checkpoint(tmp_path)
+    prompts = [{"prompt": f"a {IMAGE_PLACEHOLDER} b", "multi_modal_data": {"image": random_image(56, 42, seed=1)}},
+               {"prompt": f"{IMAGE_PLACEHOLDER} c {IMAGE_PLACEHOLDER}",
+                "multi_modal_data": {"image": [random_image(150, 100, seed=2), random_image(28, 28, seed=3)]}},
+               "no image"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for device in ("cpu", "cuda"):
+        llm = LLM(path, device=device)
+        tokens[device] = [o.token_ids for o in llm.generate(prompts, params)]
+        if device == "cuda":
+            assert llm.runner.num_graph_steps > 0 and llm.engine.async_scheduling
+    assert tokens["cuda"] == tokens["cpu"]
