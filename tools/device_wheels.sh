@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Pure-Python wheels the H200 image lacks (fla-core for KDA, and einops, its one need), downloaded into
+# Wheels the H200 image lacks (fla-core for KDA and Gated DeltaNet, einops, its one need; llguidance for
+# structured outputs, an abi3 wheel), downloaded into
 # .whl (ignored through .git/info/exclude) for a device call to carry: run(carry=[".whl"]) and begin the
 # command with: python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH || exit;
@@ -7,5 +8,5 @@ set -eu
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux2014_x86_64 -d .whl "fla-core==0.6.0" "einops==0.8.1"
+  --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .whl "fla-core==0.6.0" "einops==0.8.1" "llguidance==1.9.1"
 ls -la .whl

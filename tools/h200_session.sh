@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-06 session (issues 29, 31, 32, 33, 34); every log lands in $OUT. Carry the
+# wheels the image lacks (bash tools/device_wheels.sh: fla-core, llguidance):
+#   run(command="PART=tests bash tools/h200_session.sh", carry=[".whl"])
+# PART (one per call, each within a call's 600 s):
+#   tests   the GPU tests of the session's changes: NCCL at world size 1 with per-rank graphs and the expert
+#           dispatch, the engine's graph and CUDA tests, the new families (GLM-4.x, Qwen3.5) and their fla GDN
+#           kernels, Kimi K2.5's encoder kernel and images on CUDA, constrained decoding with graphs + async
+#   bench   the gpt-oss-20b-shaped checkpoint: dayzero bench with and without --json-schema (the cost of
+#           constrained decoding), bench/structured.py (the mask per step), and the OOM recovery test
+#   vision  bench/vision.py on the Kimi K2.5-shaped checkpoint: encoder images/s at 1024x1024, one-image TTFT
+set -u
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=${PYTHONPATH:-}:.
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+case "${PART:-tests}" in
+  tests)
+    timeout ${T_A:-260} python -m pytest -q ${TESTS_A:-tests/parallel/test_nccl_world1.py tests/engine/test_graphs.py \
+      tests/engine/test_cuda.py tests/engine/test_structured.py} -rs -x > $OUT/tests_a.log 2>&1
+    grep -E "^FAILED|^ERROR|passed|failed" $OUT/tests_a.log | tail -8
+    timeout ${T_B:-250} python -m pytest -q ${TESTS_B:-tests/models/test_cuda.py tests/kernels/test_gdn_fla.py \
+      tests/kernels/test_kda_fla.py tests/kernels/test_vision.py} -rs > $OUT/tests_b.log 2>&1
+    grep -E "^FAILED|^ERROR|passed|failed" $OUT/tests_b.log | tail -8 ;;
+  bench)
+    [ -f /tmp/gpt-oss-20b/config.json ] || { python bench/checkpoints.py gpt-oss-20b /tmp/gpt-oss-20b > $OUT/ckpt.log 2>&1 \
+      && python bench/tokenizer.py /tmp/gpt-oss-20b >> $OUT/ckpt.log 2>&1; }
+    tail -2 $OUT/ckpt.log
+    B="python -m dayzero bench /tmp/gpt-oss-20b --device cuda --dtype bfloat16 --num-prompts 64 --input-len 128 \
+      --output-len 64 --max-concurrency 1 64 --kv-cache-gib 8 --disable-tqdm"
+    timeout ${T_PLAIN:-120} $B --output-file $OUT/plain.json > $OUT/bench_plain.log 2>&1
+    grep -E "concurrency|Output token|Median TPOT" $OUT/bench_plain.log
+    timeout ${T_JSON:-150} $B --json-schema --output-file $OUT/json.json > $OUT/bench_json.log 2>&1
+    grep -E "concurrency|Output token|Median TPOT" $OUT/bench_json.log
+    timeout ${T_MASK:-60} python bench/structured.py --tokenizer /tmp/gpt-oss-20b --device cuda > $OUT/structured.log 2>&1
+    tail -8 $OUT/structured.log
+    [ -n "${OOM_TEST:-}" ] && timeout ${T_OOM:-120} python -m pytest -q $OOM_TEST -rs > $OUT/oom.log 2>&1
+    [ -n "${OOM_TEST:-}" ] && tail -15 $OUT/oom.log ;;
+  vision)
+    timeout ${T_VISION:-540} python bench/vision.py --model /tmp/kimi-k25 --make > $OUT/vision.log 2>&1
+    tail -20 $OUT/vision.log ;;
+  *) echo "PART must be tests, bench or vision, got ${PART}" ;;
+esac
