@@ -135,6 +135,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--layers", type=int, default=2, help="--make: text layers (1: the dense layer alone, 2: + one "
+                                                           "MoE layer of 384 FP8 experts, ~21.6 GiB)")
     args = ap.parse_args()
     if args.quick:
         args.runs, args.batches = 3, [1, 4]
@@ -142,7 +144,7 @@ def main() -> None:
         from bench.checkpoints import write_checkpoint
 
         t0 = time.perf_counter()
-        write_checkpoint("kimi-k2.5", args.model, "cuda")
+        write_checkpoint("kimi-k2.5", args.model, "cuda", layers=args.layers)
         print(f"wrote {args.model} in {time.perf_counter() - t0:.0f} s", flush=True)
     shapes = SpecShapes(args.model)
     copy, flops = copy_bandwidth(), matmul_rate()
@@ -169,7 +171,8 @@ def main() -> None:
             return f"{b / seconds:8.2f} im/s" if b else f"{seconds * 1e3:9.1f} ms"
         print(f"{k[:-2]:12} {show(ours[k]):>12} {'' if hf is None else show(hf):>13} {show(roof[k]):>12} "
               f"{roof[k] / ours[k]:10.2f} {'' if hf is None else f'{hf / ours[k]:8.2f}'}")
-    print(f"ttft prompt: {ours['ttft_prompt_tokens']} tokens, 2 text layers (bench/checkpoints.py kimi-k2.5); "
+    print(f"ttft prompt: {ours['ttft_prompt_tokens']} tokens, {shapes.spec.num_layers} text layers (bench/checkpoints.py "
+          "kimi-k2.5); "
           f"dayzero peak GPU memory {ours['peak_gib']:.1f} GiB")
     if args.json:
         args.json.write_text(json.dumps({"dayzero": ours, "transformers": theirs, "roofline_s": roof,

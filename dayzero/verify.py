@@ -33,6 +33,7 @@ makes its two paths agree; `ties="torch"` runs transformers as installed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -240,6 +241,8 @@ def load_reference(path: str | Path, dtype: torch.dtype, device: str, dequantize
         model = auto.from_pretrained(path, dtype=dtype, **reference_load_kwargs(config))
     if ties == "index":
         rank_reference_ties(model, model_type)
+    if dtype == torch.float32:  # every tensor float32 (transformers < 5.25 dequantizes MXFP4 experts to bf16)
+        model = model.float()
     return model.to(device).eval()
 
 
@@ -366,6 +369,44 @@ def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int], **in
 
 
 @torch.no_grad()
+@contextlib.contextmanager
+def _full_precision(dtype: torch.dtype):
+    """float32 on CUDA without TF32 on either side (cuDNN's convolutions, the patch embedding and the short
+    convolutions, use TF32 by default: a 5e-4 relative error in transformers' own float32 forward)."""
+    if dtype != torch.float32 or not torch.cuda.is_available():
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _both_sides(path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs, reference_ties, seconds):
+    """dayzero's steps, then transformers' (cached generate and full forward) over the same tokens."""
+    started = time.perf_counter()
+    model_type, our_steps, tokens = run_dayzero(path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs)
+    seconds["dayzero"] = time.perf_counter() - started  # its load included
+    started = time.perf_counter()
+    theirs = load_reference(path, torch_dtype, device, ties=reference_ties)
+    seconds["load_transformers"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    image_args = {k: v.to(device) for k, v in reference_image_inputs(image_inputs).items()}
+    if "pixel_values" in image_args:
+        image_args["pixel_values"] = image_args["pixel_values"].to(torch_dtype)
+    cached = reference_cached_logits(theirs, prompt, tokens, **image_args)
+    seconds["transformers_cached"] = time.perf_counter() - started
+    started = time.perf_counter()
+    sequence = torch.cat([prompt, torch.tensor([tokens[:-1]], dtype=prompt.dtype, device=device)], dim=1)
+    full = theirs(input_ids=sequence, use_cache=False, **image_args).logits[0].float()  # position p predicts token p + 1
+    seconds["transformers_full"] = time.perf_counter() - started
+
+    return model_type, our_steps, tokens, cached, full
+
+
 def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: int = 8, seed: int = 0,
                       dtype: str = "float32", device: str = "cpu", tolerance: float | None = None,
                       reference_ties: str = "index", tp: int = 1, ep: int = 1, images=()) -> VerifyResult:
@@ -392,23 +433,9 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
         prompt, image_inputs = _prompt_with_images(path, spec, prompt, list(images))
         prompt_len = prompt.shape[1]
     prompt = prompt.to(device)
-    started = time.perf_counter()
-    model_type, our_steps, tokens = run_dayzero(path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs)
-    seconds["dayzero"] = time.perf_counter() - started  # its load included
-    started = time.perf_counter()
-    theirs = load_reference(path, torch_dtype, device, ties=reference_ties)
-    seconds["load_transformers"] = time.perf_counter() - started
-
-    started = time.perf_counter()
-    image_args = {k: v.to(device) for k, v in reference_image_inputs(image_inputs).items()}
-    if "pixel_values" in image_args:
-        image_args["pixel_values"] = image_args["pixel_values"].to(torch_dtype)
-    cached = reference_cached_logits(theirs, prompt, tokens, **image_args)
-    seconds["transformers_cached"] = time.perf_counter() - started
-    started = time.perf_counter()
-    sequence = torch.cat([prompt, torch.tensor([tokens[:-1]], dtype=prompt.dtype, device=device)], dim=1)
-    full = theirs(input_ids=sequence, use_cache=False, **image_args).logits[0].float()  # position p predicts token p + 1
-    seconds["transformers_full"] = time.perf_counter() - started
+    with _full_precision(torch_dtype):
+        model_type, our_steps, tokens, cached, full = _both_sides(
+            path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs, reference_ties, seconds)
 
     steps = []
     for k, our in enumerate(our_steps):

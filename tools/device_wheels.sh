@@ -8,5 +8,6 @@ set -eu
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .whl "fla-core==0.6.0" "einops==0.8.1" "llguidance==1.9.1"
+  --platform manylinux2014_x86_64 --platform manylinux_2_31_x86_64 -d .whl "fla-core==0.6.0" "einops==0.8.1" "llguidance==1.9.1" \
+  jsonschema jsonschema-specifications referencing rpds-py  # jsonschema: the structured-output tests
 ls -la .whl

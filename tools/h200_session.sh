@@ -19,11 +19,11 @@ export PYTHONPATH=${PYTHONPATH:-}:.
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case "${PART:-tests}" in
   tests)
-    timeout ${T_A:-260} python -m pytest -q ${TESTS_A:-tests/parallel/test_nccl_world1.py tests/engine/test_graphs.py \
-      tests/engine/test_cuda.py tests/engine/test_structured.py} -rs -x > $OUT/tests_a.log 2>&1
+    timeout -s INT ${T_A:-260} python -m pytest -q ${TESTS_A:-tests/parallel/test_nccl_world1.py tests/engine/test_graphs.py \
+      tests/engine/test_cuda.py tests/engine/test_structured.py} -rfs > $OUT/tests_a.log 2>&1
     grep -E "^FAILED|^ERROR|passed|failed" $OUT/tests_a.log | tail -8
-    timeout ${T_B:-250} python -m pytest -q ${TESTS_B:-tests/models/test_cuda.py tests/kernels/test_gdn_fla.py \
-      tests/kernels/test_kda_fla.py tests/kernels/test_vision.py} -rs > $OUT/tests_b.log 2>&1
+    timeout -s INT ${T_B:-250} python -m pytest -q ${TESTS_B:-tests/models/test_cuda.py tests/kernels/test_gdn_fla.py \
+      tests/kernels/test_kda_fla.py tests/kernels/test_vision.py} -rfs > $OUT/tests_b.log 2>&1
     grep -E "^FAILED|^ERROR|passed|failed" $OUT/tests_b.log | tail -8 ;;
   bench)
     [ -f /tmp/gpt-oss-20b/config.json ] || { python bench/checkpoints.py gpt-oss-20b /tmp/gpt-oss-20b > $OUT/ckpt.log 2>&1 \
@@ -40,7 +40,10 @@ case "${PART:-tests}" in
     [ -n "${OOM_TEST:-}" ] && timeout ${T_OOM:-120} python -m pytest -q $OOM_TEST -rs > $OUT/oom.log 2>&1
     [ -n "${OOM_TEST:-}" ] && tail -15 $OUT/oom.log ;;
   vision)
-    timeout ${T_VISION:-540} python bench/vision.py --model /tmp/kimi-k25 --make > $OUT/vision.log 2>&1
+    timeout ${T_VISION:-300} python bench/vision.py --model /tmp/kimi-k25 --make ${VISION_ARGS:-} > $OUT/vision.log 2>&1
     tail -20 $OUT/vision.log ;;
-  *) echo "PART must be tests, bench or vision, got ${PART}" ;;
+  rerun)
+    timeout -s INT ${T_R:-200} python -m pytest -q ${TESTS_R} -rfs > $OUT/rerun.log 2>&1
+    grep -E "^FAILED|^ERROR|passed|failed" $OUT/rerun.log | tail -12 ;;
+  *) echo "PART must be tests, rerun, bench or vision, got ${PART}" ;;
 esac
