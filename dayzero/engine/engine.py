@@ -26,11 +26,13 @@ from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
 from dayzero.cache.paged import PagedKVStorage, checked_layout
 from dayzero.cache.snapshots import SnapshotCache
+from dayzero import settings
+from dayzero.engine.faults import FaultInjector
 from dayzero.engine.graphs import DecodeGraphs, GraphCaptureError
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
-from dayzero.engine.scheduler import Scheduler
-from dayzero.engine.tp_workers import PoolConfig
+from dayzero.engine.scheduler import Scheduler, SchedulerOutput
+from dayzero.engine.tp_workers import PoolConfig, RankFailure
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
 from dayzero.startup import StartupTimer
@@ -52,6 +54,7 @@ class RequestUpdate:
     stop_reason: int | str | None = None
     logprobs: TokenLogprobs | None = None
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (OpenAI usage cached_tokens)
+    error: str | None = None  # finish_reason "error": what made its step fail ("RuntimeError: ...")
 
 
 class _InFlight:
@@ -88,6 +91,19 @@ class _Track:
     final_length: int | None = None  # characters of the output to return, once finished (stop string removed)
     final_text: str | None = None  # the returned text once finished
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    error: str | None = None  # why its step failed (finish_reason "error")
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """A step's exception, kept without its traceback (which would hold the step's tensors)."""
+
+    out_of_memory: bool
+    cause: str  # "RuntimeError: message"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "StepFailure":
+        return cls(isinstance(exc, torch.OutOfMemoryError), f"{type(exc).__name__}: {exc}")
 
 
 class Engine:
@@ -174,6 +190,10 @@ class Engine:
                      model.spec.model_type)
         self._inflight: _InFlight | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's ids were on the host
+        self.num_failed_steps = 0  # steps that raised (their requests failed, or were retried after OOM)
+        self.num_oom_retries = 0  # out-of-memory steps retried within a smaller token budget
+        if settings.get().inject_faults:
+            self.runner.faults = FaultInjector(settings.get().inject_faults)
         self.tracks: dict[str, _Track] = {}
 
     # -- requests ---------------------------------------------------------------------------------
@@ -248,13 +268,22 @@ class Engine:
         updates: list[RequestUpdate] = []
         for req in out.finished:  # ended while scheduling: the KV pool is full for them
             updates.append(self._finish_update(self.tracks[req.request_id], []))
-        rids, logits = self.runner.execute(out)
         sampled: dict[str, int] = {}
         step_logprobs: dict[str, TokenLogprobs | None] = {}
-        if rids:
-            result = self.sampler(logits, [self.tracks[r].state for r in rids])
-            for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
-                sampled[rid], step_logprobs[rid] = token, lp
+        try:
+            rids, logits = self.runner.execute(out)
+            if rids:
+                result = self.sampler(logits, [self.tracks[r].state for r in rids])
+                for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
+                    sampled[rid], step_logprobs[rid] = token, lp
+        except RankFailure:
+            raise
+        except Exception as exc:
+            failure = self._failed(exc)
+        else:
+            failure = None
+        if failure is not None:  # (outside the except: the traceback and the step's tensors are gone)
+            return updates + self._recover(out, failure)
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}
         return updates + self._apply(sampled, step_logprobs, finished)
 
@@ -271,17 +300,71 @@ class Engine:
                 updates.append(self._finish_update(self.tracks[req.request_id], []))
             else:
                 self.runner.free(req.request_id)  # its state slot is free for this step's admissions
-        rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
         current = None
-        if rids:
-            result = self.sampler(logits, [self.tracks[r].state for r in rids])
-            current = _InFlight(out, rids, result.token_ids, result.logprobs)
+        try:
+            rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
+            if rids:
+                result = self.sampler(logits, [self.tracks[r].state for r in rids])
+                current = _InFlight(out, rids, result.token_ids, result.logprobs)
+        except RankFailure:
+            raise
+        except Exception as exc:
+            failure = self._failed(exc)
+        else:
+            failure = None
+        if failure is not None:  # the step launched before this one is still good: take its tokens first
+            if prev is not None:
+                try:
+                    updates += self._resolve(prev)
+                except RankFailure:
+                    raise
+                except Exception as exc:  # it failed too (a device error surfaces at the copy)
+                    updates += self._fail([s.request for s in prev.output.scheduled], self._failed(exc))
+            return updates + self._recover(out, failure)
         for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions
             self.runner.free(req.request_id)
         if prev is not None:
             updates += self._resolve(prev)
             self.num_overlapped_steps += 1
         self._inflight = current
+        return updates
+
+    # -- a failed step ---------------------------------------------------------------------------------
+    def _failed(self, exc: BaseException) -> StepFailure:
+        """Log a step's exception (with its traceback, for the operator) and keep what the requests get."""
+        self.num_failed_steps += 1
+        failure = StepFailure.of(exc)
+        log.error("an engine step failed: %s", failure.cause, exc_info=not failure.out_of_memory)
+        return failure
+
+    def _recover(self, out: SchedulerOutput, failure: StepFailure) -> list[RequestUpdate]:
+        """After a step of `out` raised: out of memory, retry its requests within half its tokens
+        (preempted where the step may have advanced recurrent states in place); any other exception, or
+        out of memory at one token, fails the step's requests (finish_reason "error") and nothing else."""
+        if failure.out_of_memory and self.model.device_.type == "cuda":
+            torch.cuda.empty_cache()  # what the step allocated is free again (its tensors are gone)
+        if failure.out_of_memory and out.num_batched_tokens > 1:
+            self.num_oom_retries += 1
+            self.scheduler.limit_budget(out.num_batched_tokens // 2)
+            for req in self.scheduler.unschedule(out, preempt=self.runner.stateful):
+                self.runner.free(req.request_id)
+            log.warning("out of device memory in a step of %d tokens: retrying its %d request(s) at most %d tokens "
+                        "per step (--chunked-prefill-size %d comes back gradually)", out.num_batched_tokens,
+                        len(out.scheduled), self.scheduler.token_budget, self.scheduler.max_num_batched_tokens)
+            return []
+        return self._fail([s.request for s in out.scheduled], failure)
+
+    def _fail(self, requests: list[Request], failure: StepFailure) -> list[RequestUpdate]:
+        """End the unfinished ones of `requests` with finish_reason "error" naming the failure."""
+        updates = []
+        for req in requests:
+            track = self.tracks.get(req.request_id)
+            if track is None or req.is_finished:
+                continue
+            track.error = f"the engine step running this request failed: {failure.cause}"
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+            req.num_pending = 0  # a token still in flight for it is dropped
+            updates.append(self._finish_update(track, []))
         return updates
 
     def _resolve(self, step: "_InFlight") -> list[RequestUpdate]:
@@ -340,7 +423,7 @@ class Engine:
         delta = track.final_text[track.sent:]
         track.sent = len(track.final_text)
         return RequestUpdate(req.request_id, tokens, delta, True, req.finish_reason, req.stop_reason, lp,
-                             req.num_cached_tokens)
+                             req.num_cached_tokens, track.error)
 
     def pop_finished(self, request_id: str) -> _Track:
         """Hand over a finished request's track (its text, tokens, logprobs) and forget it."""
