@@ -38,7 +38,11 @@ class ServerConfig:
     api_key: str | None = None
     max_running_requests: int = 16
     max_queued_requests: int = 256
+    max_request_bytes: int = 32 << 20  # a larger body is refused with 413 before it is read whole
     extra_info: dict = field(default_factory=dict)  # reported by /get_server_info (the launch flags)
+
+
+RETRY_AFTER_S = 1  # the Retry-After of a 503 (full queue, shutting down)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -100,15 +104,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception):
-        return JSONResponse(APIError(500, f"internal error: {exc!r}").body(), status_code=500)
+    async def _internal_error(request: Request, exc: Exception):  # the message only: no traceback in answers
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
     @app.middleware("http")
     async def _check_api_key(request: Request, call_next):
-        if config.api_key is not None and request.url.path not in ("/health", "/metrics"):
+        if config.api_key is not None and request.url.path != "/health":
             auth = request.headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), config.api_key.encode()):
@@ -119,10 +123,23 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     # -- helpers ----------------------------------------------------------------------------------
     async def read_json(request: Request):
-        raw = await request.body()
+        limit = config.max_request_bytes
+        too_large = APIError(413, f"the request body is larger than this server accepts ({limit} bytes, "
+                                  "--max-request-mib)", code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():  # counted as it arrives: a body without a length is bounded too
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return json.loads(b"".join(chunks))
+        except RecursionError:
+            raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
 
     def validate(prompt, params: SamplingParams, where: str) -> tuple[list[int], SamplingParams]:
@@ -133,8 +150,13 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), exc.param or where.split(" ")[0], code=exc.code) from None
 
-    def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, rids: list[str] | None = None
-                    ) -> tuple[list[Submission], list[_Seq]]:
+    def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, field_name: str,
+                    rids: list[str] | None = None) -> tuple[list[Submission], list[_Seq]]:
+        total = sum(sp.n for _, sp in prompts)
+        if total > async_engine.max_in_flight:  # could never be admitted: not a 503 to retry
+            raise APIError(400, f"the request asks for {total} sequences ({len(prompts)} prompt(s) x n); this server "
+                                f"holds at most {async_engine.max_in_flight} at once (--max-running-requests + "
+                                "--max-queued-requests)", "n" if any(sp.n > 1 for _, sp in prompts) else field_name)
         subs, seqs = [], []
         for p, (ids, sp) in enumerate(prompts):
             base = rids[p] if rids else f"{prefix}-{p}"
@@ -144,13 +166,19 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         return subs, seqs
 
     async def run(subs: list[Submission]) -> AsyncIterator[tuple[int, RequestUpdate]]:
+        """The group's updates; a sequence whose engine step failed ends the request with a 500 naming why
+        (its other sequences are aborted)."""
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
         try:
             async for item in async_engine.generate(subs):
+                if item[1].finish_reason == "error":
+                    raise APIError(500, item[1].error or "the engine step running this request failed",
+                                   code="internal_error")
                 yield item
         except QueueFullError as exc:
-            raise APIError(503, str(exc), code="queue_full") from None
+            raise APIError(503, str(exc), code="queue_full", headers=retry) from None
         except EngineDeadError as exc:
-            raise APIError(503, str(exc), code="engine_unavailable") from None
+            raise APIError(503, str(exc), code="engine_unavailable", headers=retry) from None
         except ValueError as exc:
             raise APIError(400, str(exc), "rid") from None
 
@@ -259,7 +287,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         params = req.sampling_params(req.max_tokens, req.logprobs)
         checked = [validate(pr, params, "prompt" if len(prompts) == 1 else f"prompt {i}") for i, pr in enumerate(prompts)]
         rid = f"cmpl-{uuid.uuid4().hex}"
-        subs, seqs = submissions(checked, rid)
+        subs, seqs = submissions(checked, rid, "prompt")
         prompt_tokens = sum(len(ids) for ids, _ in checked)
         created = int(time.time())
         want_lp = req.logprobs is not None
@@ -316,7 +344,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         prompt_ids, params = validate(ids, req.sampling_params(max_tokens, logprobs), "messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        subs, seqs = submissions([(prompt_ids, params)], rid)
+        subs, seqs = submissions([(prompt_ids, params)], rid, "messages")
         created = int(time.time())
 
         if req.stream:
@@ -374,7 +402,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         field_name = "text" if req.text is not None else "input_ids"
         checked = [validate(p, sp.sampling_params(logprobs), field_name if len(prompts) == 1 else f"{field_name} {i}")
                    for i, (p, sp) in enumerate(zip(prompts, sps))]
-        subs, seqs = submissions(checked, f"gen-{uuid.uuid4().hex}", rids)
+        subs, seqs = submissions(checked, f"gen-{uuid.uuid4().hex}", field_name, rids)
         arrival = time.perf_counter()
         many = batched or len(seqs) > 1
 
@@ -424,7 +452,11 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         s, pool = e.scheduler, e.scheduler.kv.pool
         return {"kv_pool": {"num_blocks": pool.num_blocks, "num_free_blocks": pool.num_free,
                             "block_size": s.kv.block_size, "usage": pool.usage},
-                "num_running_reqs": s.num_running, "num_queued_reqs": s.num_waiting}
+                "num_running_reqs": s.num_running, "num_queued_reqs": s.num_waiting,
+                # what the engine still tracks (0 and 0 when idle: nothing leaks) and its recoveries
+                "num_tracked_reqs": len(e.tracks), "num_state_slots_held": e.runner.num_requests,
+                "token_budget": s.token_budget, "num_failed_steps": e.num_failed_steps,
+                "num_oom_retries": e.num_oom_retries}
 
     @app.get("/get_server_info")
     async def get_server_info():
@@ -476,6 +508,12 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             "prefix_cache_hit_rate": ("Prompt tokens found in the prefix cache / prompt tokens admitted.",
                                       s.num_prefix_cached_tokens / admitted if admitted else 0.0),
             "num_preemptions": ("Requests preempted (recomputed) so far.", s.num_preemptions),
+            "num_failed_steps": ("Engine steps that raised so far (their requests failed, or retried after OOM).",
+                                 engine.num_failed_steps),
+            "num_oom_retries": ("Steps out of device memory retried within a smaller token budget so far.",
+                                engine.num_oom_retries),
+            "token_budget": ("Tokens per step now (below --chunked-prefill-size for a while after OOM).",
+                             s.token_budget),
         }
         return PlainTextResponse(async_engine.metrics.render(name, gauges),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -20,11 +20,11 @@ class APIError(Exception):
     """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
         self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                              503: "server_overloaded"}.get(status, "server_error")
+                              413: "invalid_request_error", 503: "server_overloaded"}.get(status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
