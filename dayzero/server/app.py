@@ -29,7 +29,7 @@ from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import SamplingParams
 from dayzero.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Submission
 from dayzero.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest,
-                                     SGLangSamplingParams, parse)
+                                     SGLangSamplingParams, parse, unpaired_surrogate)
 
 
 @dataclass
@@ -136,11 +136,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
                 raise too_large
             chunks.append(chunk)
         try:
-            return json.loads(b"".join(chunks))
+            body = json.loads(b"".join(chunks))
         except RecursionError:
             raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
         except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        if isinstance(body, dict) and (where := unpaired_surrogate(body)) is not None:
+            raise APIError(400, f"{where}: the text holds an unpaired UTF-16 surrogate (a \\ud800-\\udfff escape "
+                                "that is not half of a pair), which is not text; send valid Unicode", where)
+        return body
 
     def validate(prompt, params: SamplingParams, where: str) -> tuple[list[int], SamplingParams]:
         if isinstance(prompt, str) and not prompt.strip():

@@ -140,6 +140,27 @@ class GenerateRequest(_Strict):
     logprob_start_len: int = -1  # accepted for compatibility; prompt logprobs are not computed
 
 
+def unpaired_surrogate(value: Any, path: str = "") -> str | None:
+    """The field ("messages.0.content") of the first string in a parsed JSON body that holds an unpaired
+    UTF-16 surrogate ("\\ud800" is valid JSON but no text: no tokenizer can encode it), or None."""
+    todo = [(path, value)]
+    while todo:
+        where, v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(v, dict):
+            todo.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+            bad_key = next((k for k in v if unpaired_surrogate(k) is not None), None)
+            if bad_key is not None:  # named by its repr, which escapes the surrogate
+                return f"{where}.{bad_key!r}" if where else repr(bad_key)
+        elif isinstance(v, list):
+            todo.extend((f"{where}.{i}" if where else str(i), x) for i, x in enumerate(v))
+    return None
+
+
 def parse(model: type[BaseModel], body: Any) -> Any:
     """model_validate, with a pydantic error turned into a 400 naming the first bad field."""
     if not isinstance(body, dict):
@@ -151,7 +172,8 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
         param = ".".join(loc) or None
         if err["type"] == "extra_forbidden":
-            message = f"unrecognized request argument supplied: {param}"
+            param = ".".join(loc)  # as sent, even "" (an empty key)
+            message = f"unrecognized request argument supplied: {param!r}"
         elif err["type"] == "missing":
             message = f"missing required field: {param}"
         else:
