@@ -40,6 +40,8 @@ from dayzero.startup import StartupTimer
 
 log = logging.getLogger("dayzero")
 
+ONE_TOKEN_OOM_RETRIES = 2  # a step of one token out of memory is retried this many times in a row, then fails
+
 
 @dataclass
 class RequestUpdate:
@@ -192,6 +194,7 @@ class Engine:
         self.num_overlapped_steps = 0  # steps launched before the previous step's ids were on the host
         self.num_failed_steps = 0  # steps that raised (their requests failed, or were retried after OOM)
         self.num_oom_retries = 0  # out-of-memory steps retried within a smaller token budget
+        self._one_token_ooms = 0  # steps of one token out of memory in a row
         if settings.get().inject_faults:
             self.runner.faults = FaultInjector(settings.get().inject_faults)
         self.tracks: dict[str, _Track] = {}
@@ -284,6 +287,7 @@ class Engine:
             failure = None
         if failure is not None:  # (outside the except: the traceback and the step's tensors are gone)
             return updates + self._recover(out, failure)
+        self._one_token_ooms = 0
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}
         return updates + self._apply(sampled, step_logprobs, finished)
 
@@ -321,6 +325,7 @@ class Engine:
                 except Exception as exc:  # it failed too (a device error surfaces at the copy)
                     updates += self._fail([s.request for s in prev.output.scheduled], self._failed(exc))
             return updates + self._recover(out, failure)
+        self._one_token_ooms = 0
         for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions
             self.runner.free(req.request_id)
         if prev is not None:
@@ -334,24 +339,31 @@ class Engine:
         """Log a step's exception (with its traceback, for the operator) and keep what the requests get."""
         self.num_failed_steps += 1
         failure = StepFailure.of(exc)
-        log.error("an engine step failed: %s", failure.cause, exc_info=not failure.out_of_memory)
+        if not failure.out_of_memory:  # (out of memory is retried: _recover says so)
+            log.error("an engine step failed: %s", failure.cause, exc_info=True)
         return failure
 
     def _recover(self, out: SchedulerOutput, failure: StepFailure) -> list[RequestUpdate]:
         """After a step of `out` raised: out of memory, retry its requests within half its tokens
-        (preempted where the step may have advanced recurrent states in place); any other exception, or
-        out of memory at one token, fails the step's requests (finish_reason "error") and nothing else."""
-        if failure.out_of_memory and self.model.device_.type == "cuda":
-            torch.cuda.empty_cache()  # what the step allocated is free again (its tensors are gone)
-        if failure.out_of_memory and out.num_batched_tokens > 1:
-            self.num_oom_retries += 1
-            self.scheduler.limit_budget(out.num_batched_tokens // 2)
-            for req in self.scheduler.unschedule(out, preempt=self.runner.stateful):
-                self.runner.free(req.request_id)
-            log.warning("out of device memory in a step of %d tokens: retrying its %d request(s) at most %d tokens "
-                        "per step (--chunked-prefill-size %d comes back gradually)", out.num_batched_tokens,
-                        len(out.scheduled), self.scheduler.token_budget, self.scheduler.max_num_batched_tokens)
-            return []
+        (preempted where the step may have advanced recurrent states in place; a step of one token is
+        retried as it is, ONE_TOKEN_OOM_RETRIES times in a row at most); any other exception, or out of
+        memory at one token once more, fails the step's requests (finish_reason "error") and nothing else."""
+        if failure.out_of_memory:
+            if self.model.device_.type == "cuda":
+                torch.cuda.empty_cache()  # what the step allocated is free again (its tensors are gone)
+            self._one_token_ooms = self._one_token_ooms + 1 if out.num_batched_tokens <= 1 else 0
+            if self._one_token_ooms <= ONE_TOKEN_OOM_RETRIES:
+                self.num_oom_retries += 1
+                self.scheduler.limit_budget(max(1, out.num_batched_tokens // 2))
+                for req in self.scheduler.unschedule(out, preempt=self.runner.stateful):
+                    self.runner.free(req.request_id)
+                log.warning("out of device memory in a step of %d tokens: retrying its %d request(s) at most %d "
+                            "tokens per step (--chunked-prefill-size %d comes back gradually)", out.num_batched_tokens,
+                            len(out.scheduled), self.scheduler.token_budget, self.scheduler.max_num_batched_tokens)
+                return []
+            self._one_token_ooms = 0
+            log.error("out of device memory in a step of one token, %d times in a row: its request fails (%s)",
+                      ONE_TOKEN_OOM_RETRIES + 1, failure.cause)
         return self._fail([s.request for s in out.scheduled], failure)
 
     def _fail(self, requests: list[Request], failure: StepFailure) -> list[RequestUpdate]:

@@ -198,10 +198,11 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
-            if not task.done():
-                task.cancel()  # the generator's finally aborts the requests
+            if not task.done():  # the client is gone (or this handler is cancelled): abort its requests
+                task.cancel()  # the generator's finally aborts them
+                await asyncio.gather(task, return_exceptions=True)  # (cancel() only asks: wait until it is done)
         if not task.cancelled():
-            task.result()  # re-raise an APIError (queue full, engine gone)
+            task.result()  # re-raise an APIError (queue full, engine gone, a failed step)
 
     async def first_then_stream(subs, events: Callable[[AsyncIterator], AsyncIterator[str]]) -> StreamingResponse:
         """Start generating before answering, so a full queue is a 503, not a broken stream."""

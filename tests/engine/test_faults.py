@@ -93,12 +93,13 @@ def test_an_exception_in_a_step_fails_only_that_steps_requests(async_scheduling,
     assert [o.token_ids for o in llm.generate(prompts, params)] == want
 
 
-def test_out_of_memory_at_one_token_fails_the_request(gpt_oss_path):
+def test_out_of_memory_at_one_token_fails_the_request_after_two_more_tries(gpt_oss_path):
     llm = LLM(gpt_oss_path, max_num_batched_tokens=4)
     llm.runner.faults = FaultInjector("oom/1")  # every step: the budget halves to 1 token, then gives up
     out = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=3, temperature=0.0))[0]
     assert out.finish_reason == "error" and "OutOfMemoryError" in out.outputs[0].error
-    assert llm.engine.num_oom_retries == 2 and llm.scheduler.token_budget == 1  # 4 -> 2 -> 1 token, then failed
+    # 4 -> 2 -> 1 token, twice more at 1 token (ONE_TOKEN_OOM_RETRIES), then failed
+    assert llm.engine.num_oom_retries == 4 and llm.scheduler.token_budget == 1 and llm.engine.num_failed_steps == 5
     _assert_pool_free(llm)
 
 

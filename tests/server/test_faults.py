@@ -122,7 +122,7 @@ def test_a_full_queue_is_a_503_with_retry_after_and_too_many_sequences_a_400(one
 
     async def burst():
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            body = {"prompt": "Hello", "max_tokens": 30, "ignore_eos": True}
+            body = {"prompt": "Hello", "max_tokens": 12, "ignore_eos": True}
             return await asyncio.gather(*[client.post("/v1/completions", json=body) for _ in range(8)])
 
     answers = asyncio.run(burst())

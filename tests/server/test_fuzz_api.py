@@ -24,7 +24,7 @@ from dayzero.engine.sampling import SamplingParams
 from dayzero.server import protocol
 from tests.server.conftest import start_server, stop_server, wait_pool_free
 
-EXAMPLES = 400 if os.environ.get("DAYZERO_FULL_TESTS") == "1" else 40
+EXAMPLES = 300 if os.environ.get("DAYZERO_FULL_TESTS") == "1" else 30
 FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 MAX_REQUEST_BYTES = 1 << 16
