@@ -105,7 +105,13 @@ class StepFailure:
 
     @classmethod
     def of(cls, exc: BaseException) -> "StepFailure":
-        return cls(isinstance(exc, torch.OutOfMemoryError), f"{type(exc).__name__}: {exc}")
+        text = str(exc)
+        oom = isinstance(exc, torch.OutOfMemoryError) or any(s in text for s in _OOM_MESSAGES)
+        return cls(oom, f"{type(exc).__name__}: {text}")
+
+
+# allocation failures that libraries report as a RuntimeError of their own (cuBLAS' workspace, a raw cudaMalloc)
+_OOM_MESSAGES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDA out of memory", "CUDA error: out of memory")
 
 
 class Engine:
