@@ -277,23 +277,11 @@ class Engine:
         updates: list[RequestUpdate] = []
         for req in out.finished:  # ended while scheduling: the KV pool is full for them
             updates.append(self._finish_update(self.tracks[req.request_id], []))
-        sampled: dict[str, int] = {}
-        step_logprobs: dict[str, TokenLogprobs | None] = {}
-        try:
-            rids, logits = self.runner.execute(out)
-            if rids:
-                result = self.sampler(logits, [self.tracks[r].state for r in rids])
-                for rid, token, lp in zip(rids, result.token_ids.tolist(), result.logprobs):
-                    sampled[rid], step_logprobs[rid] = token, lp
-        except RankFailure:
-            raise
-        except Exception as exc:
-            failure = self._failed(exc)
-        else:
-            failure = None
-        if failure is not None:  # (outside the except: the traceback and the step's tensors are gone)
+        step, failure = self._forward(out, None, lambda rids, result: (dict(zip(rids, result.token_ids.tolist())),
+                                                                        dict(zip(rids, result.logprobs))))
+        if failure is not None:
             return updates + self._recover(out, failure)
-        self._one_token_ooms = 0
+        sampled, step_logprobs = step or ({}, {})  # {request id: token id}, {request id: TokenLogprobs | None}
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}
         return updates + self._apply(sampled, step_logprobs, finished)
 
@@ -310,18 +298,8 @@ class Engine:
                 updates.append(self._finish_update(self.tracks[req.request_id], []))
             else:
                 self.runner.free(req.request_id)  # its state slot is free for this step's admissions
-        current = None
-        try:
-            rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
-            if rids:
-                result = self.sampler(logits, [self.tracks[r].state for r in rids])
-                current = _InFlight(out, rids, result.token_ids, result.logprobs)
-        except RankFailure:
-            raise
-        except Exception as exc:
-            failure = self._failed(exc)
-        else:
-            failure = None
+        current, failure = self._forward(out, None if prev is None else (prev.rids, prev.token_ids),
+                                         lambda rids, result: _InFlight(out, rids, result.token_ids, result.logprobs))
         if failure is not None:  # the step launched before this one is still good: take its tokens first
             if prev is not None:
                 try:
@@ -331,7 +309,6 @@ class Engine:
                 except Exception as exc:  # it failed too (a device error surfaces at the copy)
                     updates += self._fail([s.request for s in prev.output.scheduled], self._failed(exc))
             return updates + self._recover(out, failure)
-        self._one_token_ooms = 0
         for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions
             self.runner.free(req.request_id)
         if prev is not None:
@@ -339,6 +316,21 @@ class Engine:
             self.num_overlapped_steps += 1
         self._inflight = current
         return updates
+
+    def _forward(self, out: SchedulerOutput, pending, collect):
+        """The runner's forward and the sampler for `out` (pending: async scheduling's ids still on the
+        device), then collect(request ids, the sampler's result) where a step samples: (what collect
+        returned or None, None), or (None, the StepFailure) when any of it raised. The exception and its
+        traceback, which hold the step's tensors, are gone before the caller recovers."""
+        try:
+            rids, logits = self.runner.execute(out, pending)
+            step = collect(rids, self.sampler(logits, [self.tracks[r].state for r in rids])) if rids else None
+        except RankFailure:  # the ranks are out of step: the job ends
+            raise
+        except Exception as exc:
+            return None, self._failed(exc)
+        self._one_token_ooms = 0
+        return step, None
 
     # -- a failed step ---------------------------------------------------------------------------------
     def _failed(self, exc: BaseException) -> StepFailure:
