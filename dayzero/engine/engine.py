@@ -41,6 +41,7 @@ from dayzero.startup import StartupTimer
 log = logging.getLogger("dayzero")
 
 ONE_TOKEN_OOM_RETRIES = 2  # a step of one token out of memory is retried this many times in a row, then fails
+UNHEALTHY_AFTER_FAILED_STEPS = 8  # so many failed steps in a row (a broken device): the server's /health says 503
 
 
 @dataclass
@@ -201,6 +202,8 @@ class Engine:
         self.num_failed_steps = 0  # steps that raised (their requests failed, or were retried after OOM)
         self.num_oom_retries = 0  # out-of-memory steps retried within a smaller token budget
         self._one_token_ooms = 0  # steps of one token out of memory in a row
+        self.failed_steps_in_a_row = 0  # /health answers 503 from UNHEALTHY_AFTER_FAILED_STEPS on
+        self.last_failure: str | None = None  # the cause of the latest failed step
         if settings.get().inject_faults:
             self.runner.faults = FaultInjector(settings.get().inject_faults)
         self.tracks: dict[str, _Track] = {}
@@ -329,14 +332,16 @@ class Engine:
             raise
         except Exception as exc:
             return None, self._failed(exc)
-        self._one_token_ooms = 0
+        self._one_token_ooms = self.failed_steps_in_a_row = 0
         return step, None
 
     # -- a failed step ---------------------------------------------------------------------------------
     def _failed(self, exc: BaseException) -> StepFailure:
         """Log a step's exception (with its traceback, for the operator) and keep what the requests get."""
         self.num_failed_steps += 1
+        self.failed_steps_in_a_row += 1
         failure = StepFailure.of(exc)
+        self.last_failure = failure.cause
         if not failure.out_of_memory:  # (out of memory is retried: _recover says so)
             log.error("an engine step failed: %s", failure.cause, exc_info=True)
         return failure

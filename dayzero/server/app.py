@@ -23,7 +23,7 @@ from typing import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from dayzero.engine.engine import RequestUpdate
+from dayzero.engine.engine import UNHEALTHY_AFTER_FAILED_STEPS, RequestUpdate
 from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import SamplingParams
@@ -482,6 +482,9 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             raise APIError(503, f"a rank of the tensor/expert-parallel job failed: {llm.workers.failure}")
         if not async_engine.is_alive:
             raise APIError(503, f"the engine is not running ({async_engine.error!r})")
+        if engine.failed_steps_in_a_row >= UNHEALTHY_AFTER_FAILED_STEPS:
+            raise APIError(503, f"the last {engine.failed_steps_in_a_row} engine steps failed (the latest: "
+                                f"{engine.last_failure}); the device may be broken")
         return Response(status_code=200)
 
     @app.get("/health_generate")

@@ -1,6 +1,6 @@
 """Faults under the server: an exception inside an engine step answers 500 naming it to the requests of
 that step only (a stream already answering gets an error event, then data: [DONE]) and the server goes
-on serving; out of memory in steps retries them and every request still gets its 200; a full queue is a
+on serving (/health turns 503 only while every step fails); out of memory in steps retries them and every request still gets its 200; a full queue is a
 503 with Retry-After; a request that could never fit is a 400 naming n."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import threading
 import httpx
 import pytest
 
+from dayzero.engine.engine import UNHEALTHY_AFTER_FAILED_STEPS
 from dayzero.engine.faults import FaultInjector
 from tests.server.conftest import start_server, stop_server, wait_pool_free
 
@@ -37,9 +38,16 @@ def test_a_failed_step_fails_its_request_with_a_500_and_the_server_goes_on(one_a
     assert "the engine step running this request failed: InjectedFault: injected error fault" in err["message"]
     assert "Traceback" not in r.text and 'File "' not in r.text
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    runner.faults = FaultInjector("error/1")  # a broken device: every step fails, and /health says so
+    for _ in range(UNHEALTHY_AFTER_FAILED_STEPS):
+        assert httpx.post(f"{url}/v1/completions", json={"prompt": "Hello", "max_tokens": 4}, timeout=60).status_code == 500
+    r = httpx.get(f"{url}/health", timeout=10)
+    assert r.status_code == 503 and "engine steps failed" in r.json()["error"]["message"], r.text
+    runner.faults = None
     want = offline.generate(["Hello"], _greedy(4))[0].text
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "Hello", "max_tokens": 4, "temperature": 0}, timeout=60)
     assert r.status_code == 200 and r.json()["choices"][0]["text"] == want
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # a step succeeded: healthy again
     wait_pool_free(url)
 
 
