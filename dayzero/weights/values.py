@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-E8M0_NAN = 0xFF
+from dayzero.formats.mxfp4 import E8M0_NAN
 
 
 @dataclass(frozen=True)
