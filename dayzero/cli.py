@@ -255,10 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(p, "checkpoint directory")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     p.add_argument("--port", type=int, default=30000, help="port (default 30000)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (except /health, /metrics)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--served-model-name", default=None, help="model name in the API (default: the checkpoint dir name)")
     p.add_argument("--max-queued-requests", type=int, default=256,
                    help="sequences waiting beyond the running ones before new requests get 503 (default 256)")
+    p.add_argument("--max-request-mib", type=float, default=32,
+                   help="largest request body accepted, in MiB; a larger one gets 413 (default 32)")
     add_engine_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="global seed for requests without their own")
     p.add_argument("--log-level", default="info", help="uvicorn log level (default info)")

@@ -76,6 +76,16 @@ def _variants(env: str, raw: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs.items()))
 
 
+def _fault_plan(env: str, raw: str) -> str:
+    from dayzero.engine.faults import parse_plan
+
+    try:
+        parse_plan(raw)
+    except ValueError as exc:
+        raise ValueError(f"{env}: {exc}") from None
+    return raw.strip()
+
+
 def setting(env: str, default, parse: Callable[[str, str], object], doc: str, shown: str | None = None):
     """A Settings field read from environment variable `env` by parse(env, raw); `doc` says what it
     does (one line); `shown`: the default as docs/settings.md prints it (default: repr of it)."""
@@ -136,6 +146,10 @@ class Settings:
     pdl: bool = setting(
         "DAYZERO_PDL", True, _switch,
         "launch the decode layer's kernels with programmatic dependent launch (sm_90+; kernels/pdl.py)", shown="1")
+    inject_faults: str = setting(
+        "DAYZERO_INJECT_FAULTS", "", _fault_plan,
+        "for tests: make engine steps fail, `oom@N` / `error@N` (the N-th step attempt) or `oom/N` / `error/N` "
+        "(every N-th), comma-separated (dayzero/engine/faults.py); unset: none", shown="unset")
 
     def variant(self, op: str) -> str | None:
         """The variant DAYZERO_VARIANT forces for `op`, or None."""

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from dayzero.config_schema import QUANTIZATION, SCHEMAS, WRAPPER, check_config
 from dayzero.model_path import read_json
 from dayzero.validation import UnsupportedModelError, check_supported
 
@@ -440,6 +441,8 @@ def load_spec(path_or_config: str | Path | Mapping[str, Any]) -> ModelSpec:
         cfg, source, extra_quant = dict(path_or_config), "<config dict>", None
     else:
         cfg, source, extra_quant = _read_config_files(Path(path_or_config))
+    if not isinstance(cfg, dict):
+        raise UnsupportedModelError("config.json", type(cfg).__name__, ("a JSON object",), source)
     model_type = cfg.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError("model_type", model_type, SUPPORTED_MODEL_TYPES, source)
@@ -486,6 +489,7 @@ def _get(cfg: Mapping, *names: str, default: Any = None) -> Any:
 
 
 def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -> ModelSpec:
+    check_config(cfg, WRAPPER, source)
     text_cfg = dict(cfg.get("text_config") or {})
     expected = WRAPPER_TEXT_TYPES[model_type]
     text_type = text_cfg.get("model_type", expected[0])
@@ -504,6 +508,7 @@ def _load_vlm(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -
 def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) -> ModelSpec:
     """The text model's spec, checked against what dayzero runs (dayzero.validation)."""
     cfg = with_defaults(cfg, model_type)
+    check_config(cfg, SCHEMAS[model_type], source)  # types and ranges first: the parsers convert values
     quant = _parse_quant(quant_cfg, cfg, model_type, source)
     if model_type in DEEPSEEK_V3_TYPES or model_type == "deepseek_v32":
         spec = _load_deepseek_v3(cfg, model_type, quant, source)
@@ -527,6 +532,9 @@ def _load_text(cfg: dict, model_type: str, quant_cfg: dict | None, source: str) 
 def _parse_quant(qc: dict | None, cfg: dict, model_type: str, source: str) -> QuantSpec:
     if not qc:
         return QuantSpec(method=None, expert_format="bf16", dense_format="bf16")
+    if not isinstance(qc, dict):
+        raise UnsupportedModelError("quantization_config", qc, ("an object",), source)
+    check_config(qc, QUANTIZATION, source, "quantization_config.")  # (it may come from its own file)
     method = qc.get("quant_method")
     if method == "modelopt":
         fmt = MODELOPT_ALGOS[qc["quant_algo"]]
@@ -743,9 +751,9 @@ def _v4_layer_types(cfg: dict, n: int, source: str) -> tuple[list[str], dict]:
         rates["compressed_sparse_attention"] = cfg["compress_rate_csa"]
     if cfg.get("compress_rate_hca") is not None:
         rates["heavily_compressed_attention"] = cfg["compress_rate_hca"]
-    layer_types = cfg.get("layer_types")
+    layer_types, field_name = cfg.get("layer_types"), "layer_types"
     if layer_types is None and cfg.get("compress_ratios") is not None:
-        layer_types = []
+        layer_types, field_name = [], "compress_ratios"
         for r in cfg["compress_ratios"]:
             if r not in _V4_RATIO_TO_LAYER_TYPE:
                 raise UnsupportedModelError("compress_ratios", r, tuple(_V4_RATIO_TO_LAYER_TYPE), source)
@@ -753,7 +761,7 @@ def _v4_layer_types(cfg: dict, n: int, source: str) -> tuple[list[str], dict]:
     if layer_types is None:
         interleave = ["compressed_sparse_attention" if i % 2 else "heavily_compressed_attention" for i in range(max(n - 2, 0))]
         layer_types = ["heavily_compressed_attention"] * min(n, 2) + interleave
-    _check_mlp_types(list(layer_types), tuple(_V4_LAYER_KIND), n, source, "layer_types")
+    _check_mlp_types(list(layer_types), tuple(_V4_LAYER_KIND), n, source, field_name)
     return list(layer_types[:n]), rates
 
 
@@ -964,17 +972,23 @@ def _load_kimi_linear(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
     n = int(cfg["num_hidden_layers"])
     hidden = int(cfg.get("hidden_size", 2304))
     lac = cfg.get("linear_attn_config") or {}
-    layer_types = cfg.get("layer_types")
+    layer_types, field_name = cfg.get("layer_types"), "layer_types"
     if layer_types is None:
         if "full_attn_layers" in lac and "kda_layers" in lac:  # 1-based in the checkpoint
-            layer_types = [None] * n
-            for i in lac["full_attn_layers"]:
-                layer_types[i - 1] = "full_attention"
-            for i in lac["kda_layers"]:
-                layer_types[i - 1] = "linear_attention"
+            layer_types, field_name = [None] * n, "linear_attn_config.kda_layers"
+            for key, kind in (("full_attn_layers", "full_attention"), ("kda_layers", "linear_attention")):
+                for i in lac[key] or ():
+                    if not 1 <= i <= n:
+                        raise UnsupportedModelError(f"linear_attn_config.{key}", i, (f"a layer number in [1, {n}]",),
+                                                    source)
+                    layer_types[i - 1] = kind
+            if None in layer_types:
+                raise UnsupportedModelError("linear_attn_config.kda_layers", lac["kda_layers"],
+                                            (f"with full_attn_layers, every layer number 1 to {n}: layer "
+                                             f"{layer_types.index(None) + 1} is in neither",), source)
         else:
             layer_types = ["full_attention" if i and i % 4 == 0 else "linear_attention" for i in range(n)]
-    _check_mlp_types(list(layer_types), ("full_attention", "linear_attention"), n, source, "layer_types")
+    _check_mlp_types(list(layer_types), ("full_attention", "linear_attention"), n, source, field_name)
     mlp_types = cfg.get("mlp_layer_types")
     if mlp_types is None:
         first_dense = int(cfg.get("first_k_dense_replace", 1))

@@ -53,6 +53,12 @@ class SnapshotCache:
         self.saved += 1
         return slot
 
+    def discard(self, block_hash: BlockHash) -> None:
+        """Forget the snapshot after this prefix (its slot becomes free), if there is one."""
+        slot = self._slots.pop(block_hash, None)
+        if slot is not None:
+            self._free.append(slot)
+
     def clear(self) -> None:
         self._slots.clear()
         self._free = list(range(self.capacity - 1, -1, -1))

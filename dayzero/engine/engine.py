@@ -28,11 +28,13 @@ from dayzero.engine.request import Request, RequestStatus
 from dayzero.cache.layout import DEFAULT_BLOCK_SIZE
 from dayzero.cache.paged import PagedKVStorage, checked_layout
 from dayzero.cache.snapshots import SnapshotCache
+from dayzero import settings
+from dayzero.engine.faults import FaultInjector
 from dayzero.engine.graphs import DecodeGraphs, GraphCaptureError
 from dayzero.engine.runner import PagedRunner
 from dayzero.engine.sampling import Sampler, SamplingParams, SamplingState, StopChecker, TokenLogprobs
-from dayzero.engine.scheduler import Scheduler
-from dayzero.engine.tp_workers import PoolConfig
+from dayzero.engine.scheduler import Scheduler, SchedulerOutput
+from dayzero.engine.tp_workers import PoolConfig, RankFailure
 from dayzero.model_path import read_json
 from dayzero.models import CausalLM
 from dayzero.multimodal.feature_cache import FeatureCache
@@ -44,6 +46,9 @@ from dayzero.structured.grammar import GrammarCompiler, GrammarError
 
 
 log = logging.getLogger("dayzero")
+
+ONE_TOKEN_OOM_RETRIES = 2  # a step of one token out of memory is retried this many times in a row, then fails
+UNHEALTHY_AFTER_FAILED_STEPS = 8  # so many failed steps in a row (a broken device): the server's /health says 503
 
 
 @dataclass
@@ -59,6 +64,7 @@ class RequestUpdate:
     stop_reason: int | str | None = None
     logprobs: TokenLogprobs | None = None
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache (OpenAI usage cached_tokens)
+    error: str | None = None  # finish_reason "error": what made its step fail ("RuntimeError: ...")
 
 
 class _InFlight:
@@ -96,6 +102,25 @@ class _Track:
     final_length: int | None = None  # characters of the output to return, once finished (stop string removed)
     final_text: str | None = None  # the returned text once finished
     logprobs: list[TokenLogprobs] = field(default_factory=list)
+    error: str | None = None  # why its step failed (finish_reason "error")
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """A step's exception, kept without its traceback (which would hold the step's tensors)."""
+
+    out_of_memory: bool
+    cause: str  # "RuntimeError: message"
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "StepFailure":
+        text = str(exc)
+        oom = isinstance(exc, torch.OutOfMemoryError) or any(s in text for s in _OOM_MESSAGES)
+        return cls(oom, f"{type(exc).__name__}: {text}")
+
+
+# allocation failures that libraries report as a RuntimeError of their own (cuBLAS' workspace, a raw cudaMalloc)
+_OOM_MESSAGES = ("CUBLAS_STATUS_ALLOC_FAILED", "CUDA out of memory", "CUDA error: out of memory")
 
 
 class Engine:
@@ -196,6 +221,13 @@ class Engine:
         self._inflight: _InFlight | None = None
         self.num_overlapped_steps = 0  # steps launched before the previous step's ids were on the host
         self.num_grammar_waits = 0  # of those, steps whose sampling waited for them (a constrained row's mask)
+        self.num_failed_steps = 0  # steps that raised (their requests failed, or were retried after OOM)
+        self.num_oom_retries = 0  # out-of-memory steps retried within a smaller token budget
+        self._one_token_ooms = 0  # steps of one token out of memory in a row
+        self.failed_steps_in_a_row = 0  # /health answers 503 from UNHEALTHY_AFTER_FAILED_STEPS on
+        self.last_failure: str | None = None  # the cause of the latest failed step
+        if settings.get().inject_faults:
+            self.runner.faults = FaultInjector(settings.get().inject_faults)
         self.tracks: dict[str, _Track] = {}
 
     # -- requests ---------------------------------------------------------------------------------
@@ -307,16 +339,10 @@ class Engine:
         updates: list[RequestUpdate] = []
         for req in out.finished:  # ended while scheduling: the KV pool is full for them
             updates.append(self._finish_update(self.tracks[req.request_id], []))
-        rids, logits = self.runner.execute(out)
-        sampled: dict[str, int] = {}
-        step_logprobs: dict[str, TokenLogprobs | None] = {}
-        if rids:
-            states = [self.tracks[r].state for r in rids]
-            result = self.sampler(logits, states)
-            for rid, state, token, lp in zip(rids, states, result.token_ids.tolist(), result.logprobs):
-                sampled[rid], step_logprobs[rid] = token, lp
-                if state.grammar is not None:
-                    state.grammar.accept(token)
+        step, failure = self._forward(out, None, self._collect_sync)
+        if failure is not None:
+            return updates + self._recover(out, failure)
+        sampled, step_logprobs = step or ({}, {})  # {request id: token id}, {request id: TokenLogprobs | None}
         finished = {r.request_id for r in self.scheduler.update(out, sampled)}
         return updates + self._apply(sampled, step_logprobs, finished)
 
@@ -338,21 +364,104 @@ class Engine:
                 updates.append(self._finish_update(self.tracks[req.request_id], []))
             else:
                 self.runner.free(req.request_id)  # its state slot is free for this step's admissions
-        rids, logits = self.runner.execute(out, None if prev is None else (prev.rids, prev.token_ids))
-        current = None
-        if rids:
-            states = [self.tracks[r].state for r in rids]
-            if prev is not None and any(s.grammar is not None for s in states):
-                self._advance_grammars(prev)
-                self.num_grammar_waits += 1
-            result = self.sampler(logits, states)
-            current = _InFlight(out, rids, result.token_ids, result.logprobs)
+        current, failure = self._forward(out, None if prev is None else (prev.rids, prev.token_ids),
+                                         lambda rids, states, result: _InFlight(out, rids, result.token_ids,
+                                                                                result.logprobs), prev)
+        if failure is not None:  # the step launched before this one is still good: take its tokens first
+            if prev is not None:
+                try:
+                    updates += self._resolve(prev)
+                except RankFailure:
+                    raise
+                except Exception as exc:  # it failed too (a device error surfaces at the copy)
+                    updates += self._fail([s.request for s in prev.output.scheduled], self._failed(exc))
+            return updates + self._recover(out, failure)
         for req in self.scheduler.advance(out):  # at max_tokens: their slots serve the next step's admissions
             self.runner.free(req.request_id)
         if prev is not None:
             updates += self._resolve(prev)
             self.num_overlapped_steps += 1
         self._inflight = current
+        return updates
+
+    def _forward(self, out: SchedulerOutput, pending, collect, prev: "_InFlight | None" = None):
+        """The runner's forward and the sampler for `out` (pending: async scheduling's ids still on the
+        device, those of the launched step `prev`), then collect(request ids, their sampling states, the
+        sampler's result) where a step samples: (what collect returned or None, None), or (None, the
+        StepFailure) when any of it raised. The exception and its traceback, which hold the step's
+        tensors, are gone before the caller recovers. A constrained row's mask needs its last token: with
+        async scheduling, only a step holding one waits for `prev`'s ids (num_grammar_waits)."""
+        try:
+            rids, logits = self.runner.execute(out, pending)
+            step = None
+            if rids:
+                states = [self.tracks[r].state for r in rids]
+                if prev is not None and any(s.grammar is not None for s in states):
+                    self._advance_grammars(prev)
+                    self.num_grammar_waits += 1
+                step = collect(rids, states, self.sampler(logits, states))
+        except RankFailure:  # the ranks are out of step: the job ends
+            raise
+        except Exception as exc:
+            return None, self._failed(exc)
+        self._one_token_ooms = self.failed_steps_in_a_row = 0
+        return step, None
+
+    @staticmethod
+    def _collect_sync(rids, states, result) -> tuple[dict[str, int], dict[str, TokenLogprobs | None]]:
+        """A synchronous step's sampled ids and logprobs by request; constrained requests accept theirs."""
+        sampled, step_logprobs = {}, {}
+        for rid, state, token, lp in zip(rids, states, result.token_ids.tolist(), result.logprobs):
+            sampled[rid], step_logprobs[rid] = token, lp
+            if state.grammar is not None:
+                state.grammar.accept(token)
+        return sampled, step_logprobs
+
+    # -- a failed step ---------------------------------------------------------------------------------
+    def _failed(self, exc: BaseException) -> StepFailure:
+        """Log a step's exception (with its traceback, for the operator) and keep what the requests get."""
+        self.num_failed_steps += 1
+        self.failed_steps_in_a_row += 1
+        failure = StepFailure.of(exc)
+        self.last_failure = failure.cause
+        if not failure.out_of_memory:  # (out of memory is retried: _recover says so)
+            log.error("an engine step failed: %s", failure.cause, exc_info=True)
+        return failure
+
+    def _recover(self, out: SchedulerOutput, failure: StepFailure) -> list[RequestUpdate]:
+        """After a step of `out` raised: out of memory, retry its requests within half its tokens
+        (preempted where the step may have advanced recurrent states in place; a step of one token is
+        retried as it is, ONE_TOKEN_OOM_RETRIES times in a row at most); any other exception, or out of
+        memory at one token once more, fails the step's requests (finish_reason "error") and nothing else."""
+        if failure.out_of_memory:
+            if self.model.device_.type == "cuda":
+                torch.cuda.empty_cache()  # what the step allocated is free again (its tensors are gone)
+            self._one_token_ooms = self._one_token_ooms + 1 if out.num_batched_tokens <= 1 else 0
+            if self._one_token_ooms <= ONE_TOKEN_OOM_RETRIES:
+                self.num_oom_retries += 1
+                self.scheduler.limit_budget(max(1, out.num_batched_tokens // 2))
+                for req in self.scheduler.unschedule(out, preempt=self.runner.stateful):
+                    self.runner.free(req.request_id)
+                log.warning("out of device memory in a step of %d tokens: retrying its %d request(s) at most %d "
+                            "tokens per step (--chunked-prefill-size %d comes back gradually)", out.num_batched_tokens,
+                            len(out.scheduled), self.scheduler.token_budget, self.scheduler.max_num_batched_tokens)
+                return []
+            self._one_token_ooms = 0
+            log.error("out of device memory in a step of one token, %d times in a row: its request fails (%s)",
+                      ONE_TOKEN_OOM_RETRIES + 1, failure.cause)
+        return self._fail([s.request for s in out.scheduled], failure)
+
+    def _fail(self, requests: list[Request], failure: StepFailure) -> list[RequestUpdate]:
+        """End the unfinished ones of `requests` with finish_reason "error" naming the failure."""
+        updates = []
+        for req in requests:
+            track = self.tracks.get(req.request_id)
+            if track is None or req.is_finished:
+                continue
+            track.error = f"the engine step running this request failed: {failure.cause}"
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+            req.num_pending = 0  # a token still in flight for it is dropped
+            updates.append(self._finish_update(track, []))
         return updates
 
     def _resolve(self, step: "_InFlight") -> list[RequestUpdate]:
@@ -427,7 +536,7 @@ class Engine:
         delta = track.final_text[track.sent:]
         track.sent = len(track.final_text)
         return RequestUpdate(req.request_id, tokens, delta, True, req.finish_reason, req.stop_reason, lp,
-                             req.num_cached_tokens)
+                             req.num_cached_tokens, track.error)
 
     def pop_finished(self, request_id: str) -> _Track:
         """Hand over a finished request's track (its text, tokens, logprobs) and forget it."""

@@ -41,9 +41,10 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop" | "length" | "abort"
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string matched
     logprobs: list[TokenLogprobs] | None = None
+    error: str | None = None  # finish_reason "error": why the engine step running it failed
 
 
 @dataclass
@@ -294,7 +295,7 @@ class LLM:
         req = track.request
         logprobs = track.logprobs if req.sampling_params.logprobs is not None else None
         return CompletionOutput(index, track.final_text, list(req.output_token_ids), req.finish_reason,
-                                req.stop_reason, logprobs)
+                                req.stop_reason, logprobs, track.error)
 
 
 RESERVE_FRACTION = 0.05  # of the device's memory, kept for activations, allocator slack and the runtime

@@ -36,6 +36,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"  # EOS, a stop token id, or a stop string (finish_reason "stop")
     FINISHED_LENGTH = "finished_length"  # max_tokens reached or the KV pool full (finish_reason "length")
     FINISHED_ABORTED = "finished_aborted"  # cancelled by the client (finish_reason "abort")
+    FINISHED_ERROR = "finished_error"  # a step it was in failed (finish_reason "error"; Engine: A failed step)
 
     def block_extra_keys(self, start: int, end: int) -> tuple[str, ...] | None:
         """The hashes of the images whose placeholders overlap tokens [start, end), None when none do."""
@@ -51,6 +52,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -106,5 +108,5 @@ class Request:
 
     @property
     def finish_reason(self) -> str | None:
-        """OpenAI's finish_reason: "stop", "length", "abort", or None while unfinished."""
+        """OpenAI's finish_reason: "stop", "length", "abort", "error" (a failed step), or None while unfinished."""
         return _FINISH_REASONS.get(self.status)

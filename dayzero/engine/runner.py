@@ -19,6 +19,10 @@ place of their embeddings (`cache.mm_embeds`); such a step runs eagerly.
 With `graphs` set (dayzero.engine.graphs.DecodeGraphs, made by the engine on CUDA), a decode-only
 step of up to its largest bucket replays a captured CUDA graph instead of building the metadata and
 running the forward eagerly; `num_graph_steps` counts those.
+
+A step that raises leaves no host bookkeeping behind: the state slots it handed out go back and the
+snapshots it meant to save are forgotten (their states may not have been written); what it wrote to
+the device is the engine's to handle (it preempts or fails the step's requests: docs/engine.md).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class PagedRunner:
         self.num_graph_steps = 0
         self.peers = None  # the other tensor-parallel ranks (dayzero.engine.tp_workers.Workers), when any
         self.encoder = None  # dayzero.engine.encoder.ImageEncoder, for models that read images
+        self.faults = None  # a dayzero.engine.faults.FaultInjector (tests): makes chosen steps raise
 
     @torch.no_grad()
     def execute(self, output: SchedulerOutput, pending: tuple[list[str], torch.Tensor] | None = None
@@ -62,6 +67,18 @@ class PagedRunner:
         whose values the host does not have yet: an input token given as PENDING is read from there."""
         for rid in output.preempted:
             self.free(rid)
+        new_slots: list[str] = []  # requests given a state slot by this step
+        saved: list = []  # block hashes this step saves a snapshot under
+        try:
+            return self._execute(output, pending, new_slots, saved)
+        except BaseException:  # the step failed: nothing it set up on the host stays (the engine recovers)
+            for rid in new_slots:
+                self.free(rid)
+            for block_hash in saved:  # its state may not have been written
+                self.snapshots.discard(block_hash)
+            raise
+
+    def _execute(self, output: SchedulerOutput, pending, new_slots: list[str], saved: list):
         restores = []  # (snapshot slot, state slot): every resumed state, restored before the forward
         for s in output.scheduled:
             rid = s.request.request_id
@@ -69,6 +86,7 @@ class PagedRunner:
                 if not self._free_slots:
                     raise RuntimeError(f"no state slot for request {rid!r}: more running requests than max_num_seqs")
                 self.slots[rid] = self._free_slots.pop()
+                new_slots.append(rid)
                 if s.num_computed_tokens and self.stateful:
                     restores.append(self._restore(s))
         if not output.scheduled:
@@ -83,18 +101,15 @@ class PagedRunner:
             for s in order:
                 done = s.num_computed_tokens + s.num_new_tokens
                 if done % self.kv.block_size == 0:
-                    snapshots += self._snapshot(s, done)
+                    snapshots += self._snapshot(s, done, saved)
         inputs = self._pending_inputs(order, steps, pending)
         graph = self.graphs is not None and self.graphs.takes(steps)
         message = StepMessage(restores, steps, snapshots, graph,
                               None if inputs is None else (*inputs, len(pending[0])))
         patch = None if inputs is None else pending_patch(*inputs, pending[1], self.device)
         mm_embeds = None if self.encoder is None else self.encoder.step_inputs(order)
-        if mm_embeds is not None:  # a prompt step with images' features (vision models run in one process)
-            logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch,
-                              mm_embeds=mm_embeds)
-        elif self.peers is None:
-            logits = self._run(message, patch)
+        if self.peers is None or mm_embeds is not None:  # (images' features: vision models run in one process)
+            logits = self._run(message, patch, mm_embeds)
         else:  # the other tensor-parallel ranks run the same step on their shares
             try:
                 self.peers.send(message, None if inputs is None else pending[1])
@@ -105,9 +120,13 @@ class PagedRunner:
         self.num_tokens += sum(s.num_new for s in steps)
         return [s.request.request_id for s in order if s.samples], logits if logits.shape[0] else None
 
-    def _run(self, message: StepMessage, patch) -> torch.Tensor:
+    def _run(self, message: StepMessage, patch, mm_embeds=None) -> torch.Tensor:
         self.num_graph_steps += message.graph
-        return run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch, self.graphs)
+        logits = run_step(self.model, self.storage, self.kv.block_size, self.host_tables, message, patch, self.graphs,
+                          mm_embeds)
+        if self.faults is not None:  # after the forward: the step has written its entries and states
+            self.faults.check()
+        return logits
 
     def _pending_inputs(self, order: list[ScheduledRequest], steps: list[SeqStep], pending
                         ) -> tuple[list[int], list[int]] | None:
@@ -137,11 +156,12 @@ class PagedRunner:
             self._free_slots.append(slot)
 
     # -- recurrent-state snapshots ----------------------------------------------------------------
-    def _snapshot(self, s: ScheduledRequest, num_tokens: int) -> list[tuple[int, int]]:
+    def _snapshot(self, s: ScheduledRequest, num_tokens: int, saved: list) -> list[tuple[int, int]]:
         """Where to save the request's state after its first num_tokens tokens (a block boundary): [] or
-        [(its state slot, the snapshot's slot)]."""
+        [(its state slot, the snapshot's slot)]; its hash is appended to `saved`."""
         block_hash = self.kv.block_hashes(s.request, num_tokens // self.kv.block_size)[-1]
         slot = self.snapshots.insert(block_hash)
+        saved.append(block_hash)
         return [] if slot is None else [(self.slots[s.request.request_id], self.storage.num_state_slots + slot)]
 
     def _restore(self, s: ScheduledRequest) -> tuple[int, int]:

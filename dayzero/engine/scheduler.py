@@ -27,6 +27,9 @@ Policy (vLLM V1's, without priorities)
   prefix cache then). No request is admitted in a step that preempted.
 - Without chunked prefill, a preempted request whose prompt + output exceeds the budget is still
   recomputed in chunks: otherwise it could never run again.
+- Out of device memory (the engine's recovery from a step that raised torch.OutOfMemoryError):
+  `limit_budget` caps the token budget at half the failed step's tokens, doubling back every
+  RELAX_STEPS steps; `unschedule` takes the failed step back (or preempts its requests).
 - `align_chunks` B (models with recurrent state and prefix caching): a chunk of several tokens that
   crosses a multiple of B ends there (the rest follows next step), so that the runner can save the
   recurrent state at every block boundary a prompt reaches (the state exists only at a step's end).
@@ -40,6 +43,9 @@ from dataclasses import dataclass, field
 
 from dayzero.cache.kv_manager import KVCacheManager
 from dayzero.engine.request import Request, RequestStatus
+
+
+RELAX_STEPS = 64  # steps at a lowered token budget (limit_budget) before it doubles again
 
 
 @dataclass
@@ -95,6 +101,8 @@ class Scheduler:
         self.running: list[Request] = []  # RUNNING, sorted by arrival
         self._next_arrival = 0
         # counters (units: tokens, except num_preemptions)
+        self.budget_cap: int | None = None  # a lower token budget after an out-of-memory step (limit_budget)
+        self._steps_at_cap = 0
         self.num_prefix_cached_tokens = 0  # tokens found in the prefix cache at admission
         self.num_computed_tokens_total = 0  # tokens the model computed
         self.num_preemptions = 0
@@ -164,9 +172,39 @@ class Scheduler:
         self.requests.pop(req.request_id, None)
 
     # -- one step ---------------------------------------------------------------------------------
+    @property
+    def token_budget(self) -> int:
+        """This step's token budget: max_num_batched_tokens, or the cap limit_budget set."""
+        return self.max_num_batched_tokens if self.budget_cap is None else min(self.budget_cap, self.max_num_batched_tokens)
+
+    def limit_budget(self, tokens: int) -> None:
+        """Schedule at most `tokens` tokens per step (a step of more ran out of device memory); the cap
+        doubles after every RELAX_STEPS steps until it reaches max_num_batched_tokens again."""
+        self.budget_cap, self._steps_at_cap = max(1, tokens), 0
+
+    def unschedule(self, output: SchedulerOutput, preempt: bool) -> list[Request]:
+        """Take back a step that was scheduled but failed before its tokens were recorded (update /
+        advance not called), so that its requests run again. Their blocks and progress stay as they
+        were before the step (a step's new entries land past num_computed_tokens and are written
+        again); with `preempt` (the step may have advanced recurrent states in place) every one of them
+        is preempted instead, to recompute from its prefix. Returns the requests preempted."""
+        if not preempt:
+            return []
+        reqs = sorted((s.request for s in output.scheduled if s.request.status is RequestStatus.RUNNING),
+                      key=lambda r: r.arrival, reverse=True)
+        for req in reqs:  # the latest first, so that the earliest ends at the queue's front
+            self._preempt(req)
+        return reqs
+
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
+        budget = self.token_budget
+        if self.budget_cap is not None:
+            self._steps_at_cap += 1
+            if self._steps_at_cap >= RELAX_STEPS:
+                self.budget_cap, self._steps_at_cap = self.budget_cap * 2, 0
+                if self.budget_cap >= self.max_num_batched_tokens:
+                    self.budget_cap = None
 
         i = 0
         while i < len(self.running) and budget > 0:
@@ -280,7 +318,7 @@ class Scheduler:
             if req.num_pending < 1:
                 raise RuntimeError(f"request {req.request_id!r}: a token resolved that advance() did not count")
             req.num_pending -= 1
-            if req.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED):
+            if req.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR):
                 continue  # ended after this step was launched: its token is not part of the output
             token = sampled_token_ids[req.request_id]
             req.output_token_ids.append(token)

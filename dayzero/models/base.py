@@ -37,6 +37,7 @@ from dayzero.parallel.spec import local_spec
 from dayzero.parallel.state import current
 from dayzero.spec import ModelSpec, resolve_config
 from dayzero.weights import FLOAT_DTYPES, Layout, TensorSpec
+from dayzero.weights.values import ValueCheck
 
 RELEASE = Layout("release", "the names the model file documents")
 
@@ -54,6 +55,7 @@ class WeightTarget:
     dest: torch.Tensor | None = None
     shard: tuple[int, int, int] | None = None  # (dim, start, stop): only this slice of the stored tensor
     # (spec's shape) is read and handed to assign / copied into dest (a tensor-parallel rank's share)
+    check: ValueCheck | None = None  # the values the stored tensor may not hold (dayzero/weights/values.py)
 
 
 def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str | None = None) -> nn.Parameter:
@@ -61,9 +63,10 @@ def empty_param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def copy_target(param: torch.Tensor, name: str) -> WeightTarget:
+def copy_target(param: torch.Tensor, name: str, check: ValueCheck | None = None) -> WeightTarget:
     """Target that copies a checkpoint tensor into `param` as is (float weights are cast to the
-    parameter's dtype; packed and quantized tensors must have exactly the parameter's dtype)."""
+    parameter's dtype; packed and quantized tensors must have exactly the parameter's dtype); check: what
+    its values may not be (values.SCALES for a quantized weight's scales)."""
     is_float = param.dtype in FLOAT_DTYPES
     spec = TensorSpec(tuple(param.shape), FLOAT_DTYPES if is_float else param.dtype)
 
@@ -71,7 +74,7 @@ def copy_target(param: torch.Tensor, name: str) -> WeightTarget:
         with torch.no_grad():
             param.copy_(tensor)
 
-    return WeightTarget(spec, assign, dest=param.detach())
+    return WeightTarget(spec, assign, dest=param.detach(), check=check)
 
 
 def collect_weight_targets(module: nn.Module, prefix: str = "") -> dict[str, WeightTarget]:

@@ -30,6 +30,7 @@ from dayzero import ops
 from dayzero.formats.fp8 import dequantize_weight_blocks
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, copy_target, empty_param
+from dayzero.weights.values import SCALES
 from dayzero.models.layers import BiasedRouter, Linear, RMSNorm, lm_logits, pre_norm_residuals
 from dayzero.models.sharded import ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts
 from dayzero.parallel.state import current
@@ -232,7 +233,8 @@ class Experts(nn.Module):
                 name = f"{prefix}{self.shard.start + j}.{proj}.weight"
                 targets[name] = copy_target(weight, name)
                 if self.fmt == "fp8":
-                    targets[name + "_scale_inv"] = copy_target(getattr(self, scale_name)[j, rows], name + "_scale_inv")
+                    targets[name + "_scale_inv"] = copy_target(getattr(self, scale_name)[j, rows], name + "_scale_inv",
+                                                               check=SCALES)
         return targets
 
     def weights(self) -> ExpertWeights:

@@ -39,6 +39,7 @@ from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models import register_model
 from dayzero.models.base import CausalLM, WeightTarget, collect_weight_targets, copy_target, empty_param
+from dayzero.weights.values import SCALES
 from dayzero.models.layers import Linear, RMSNorm
 from dayzero.models.sharded import (ColumnLinear, ExpertShard, RowLinear, VocabEmbedding, other_ranks_experts,
                                     shard_target)
@@ -403,8 +404,9 @@ class RoutedExperts(nn.Module):
             spec = TensorSpec((view.shape[0], view.shape[1] * view.shape[2]), torch.int8)
             convert = lambda t: t.view(torch.uint8).unflatten(-1, (-1, FP4_BLOCK // 2))  # noqa: E731
         else:
-            return copy_target(view, "")
-        return WeightTarget(spec, lambda t: view.copy_(convert(t)), dest=view)  # the same bytes
+            return copy_target(view, "", check=SCALES if is_scale else None)
+        return WeightTarget(spec, lambda t: view.copy_(convert(t)), dest=view,  # the same bytes
+                            check=SCALES if is_scale else None)
 
 
 class MoE(nn.Module):

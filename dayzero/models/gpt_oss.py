@@ -36,6 +36,7 @@ from dayzero.models.rotary import rope_from_config
 from dayzero.ops.moe import Activation, ExpertWeights
 from dayzero.ops.routing_softmax import route_softmax_topk
 from dayzero.spec import GPT_OSS_ROPE_THETA, ModelSpec, UnsupportedModelError
+from dayzero.weights.values import SCALES
 
 
 
@@ -74,8 +75,8 @@ class GptOssExperts(nn.Module):
         self.b2 = empty_param((num, hidden), dtype, device)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
-        def target(param: torch.Tensor, shape: tuple[int, ...], convert=lambda t: t) -> WeightTarget:
-            return self.shard.target(param, (self.full_num, *shape[1:]), convert)
+        def target(param: torch.Tensor, shape: tuple[int, ...], convert=lambda t: t, check=None) -> WeightTarget:
+            return self.shard.target(param, (self.full_num, *shape[1:]), convert, check)
 
         e, h, i = self.num, self.hidden, self.inter
         targets = {
@@ -84,9 +85,10 @@ class GptOssExperts(nn.Module):
         }
         if self.fmt == "mxfp4":
             targets[prefix + "gate_up_proj_blocks"] = target(self.w13, tuple(self.w13.shape), _gate_up_to_w13)
-            targets[prefix + "gate_up_proj_scales"] = target(self.w13_scale, tuple(self.w13_scale.shape), _gate_up_to_w13)
+            targets[prefix + "gate_up_proj_scales"] = target(self.w13_scale, tuple(self.w13_scale.shape), _gate_up_to_w13,
+                                                             SCALES)
             targets[prefix + "down_proj_blocks"] = target(self.w2, tuple(self.w2.shape))
-            targets[prefix + "down_proj_scales"] = target(self.w2_scale, tuple(self.w2_scale.shape))
+            targets[prefix + "down_proj_scales"] = target(self.w2_scale, tuple(self.w2_scale.shape), check=SCALES)
         else:  # transformers' in-memory layout: x @ W, W [E, in, out]
             targets[prefix + "gate_up_proj"] = target(self.w13, (e, h, 2 * i), lambda t: _gate_up_to_w13(t.transpose(1, 2)))
             targets[prefix + "down_proj"] = target(self.w2, (e, i, h), lambda t: t.transpose(1, 2))

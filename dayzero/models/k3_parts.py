@@ -27,6 +27,7 @@ from torch import nn
 from dayzero import ops
 from dayzero.formats import mxfp4
 from dayzero.models.base import WeightTarget, collect_weight_targets, copy_target, empty_param
+from dayzero.weights.values import SCALES
 from dayzero.models.layers import Linear, RMSNorm
 from dayzero.models.sharded import ColumnLinear, ExpertShard
 from dayzero.ops.moe import Activation, ExpertWeights
@@ -212,7 +213,7 @@ def _scale_target(scales: torch.Tensor) -> WeightTarget:
         with torch.no_grad():
             scales.copy_(mxfp4.as_e8m0_bytes(t, "weight_scale"))
 
-    return WeightTarget(spec, assign, dest=scales)  # the same bytes
+    return WeightTarget(spec, assign, dest=scales, check=SCALES)  # the same bytes
 
 
 class LatentMoE(nn.Module):

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from dayzero import ops
-from dayzero.models.base import empty_param
+from dayzero.models.base import WeightTarget, copy_target, empty_param
 from dayzero.parallel import comm
+from dayzero.weights.values import SCALES
 
 
 class Linear(nn.Module):
@@ -36,6 +37,14 @@ class Linear(nn.Module):
         else:
             raise ValueError(f"Linear: unsupported weight format {fmt!r}; supported: bf16, fp8")
         self.bias = empty_param((out_features,), dtype, device) if bias else None
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """Every parameter copied as stored; an FP8 weight's scales are checked (finite, >= 0)."""
+        targets = {prefix + n: copy_target(p, prefix + n) for n, p in self.named_parameters(recurse=False)}
+        if self.fmt == "fp8":
+            name = prefix + self.scale_name
+            targets[name] = copy_target(getattr(self, self.scale_name), name, check=SCALES)
+        return targets
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fmt == "fp8":

@@ -29,17 +29,20 @@ from dayzero.parallel import comm
 from dayzero.parallel.dispatch import run_experts
 from dayzero.parallel.state import Parallel, current
 from dayzero.weights import FLOAT_DTYPES, TensorSpec
+from dayzero.weights.values import SCALES, ValueCheck
 
 
-def shard_target(param: torch.Tensor, full_shape: tuple[int, ...], dim: int, start: int, stop: int) -> WeightTarget:
-    """A target holding [start, stop) along dim of a stored tensor of full_shape, copied into param."""
+def shard_target(param: torch.Tensor, full_shape: tuple[int, ...], dim: int, start: int, stop: int,
+                 check: ValueCheck | None = None) -> WeightTarget:
+    """A target holding [start, stop) along dim of a stored tensor of full_shape, copied into param; check:
+    what its values may not be (dayzero/weights/values.py)."""
     spec = TensorSpec(tuple(full_shape), FLOAT_DTYPES if param.dtype in FLOAT_DTYPES else param.dtype)
 
     def assign(tensor: torch.Tensor) -> None:
         with torch.no_grad():
             param.copy_(tensor)
 
-    return WeightTarget(spec, assign, shard=(dim, start, stop))
+    return WeightTarget(spec, assign, shard=(dim, start, stop), check=check)
 
 
 class _Sharded:
@@ -56,7 +59,7 @@ class _Sharded:
 
     def _targets(self, prefix: str, full_in: int, full_out: int, bias_split: bool) -> dict[str, WeightTarget]:
         if self.parallel.tp_size == 1:
-            return collect_weight_targets(self, prefix)
+            return Linear.weight_targets(self, prefix)
         d, (start, stop) = self.dim, self.range
         full = (full_out, full_in)
         targets = {prefix + "weight": shard_target(self.weight, full, d, start, stop)}
@@ -64,7 +67,7 @@ class _Sharded:
             b = self.block[d]
             scale = getattr(self, self.scale_name)
             grid = (-(-full_out // self.block[0]), -(-full_in // self.block[1]))
-            targets[prefix + self.scale_name] = shard_target(scale, grid, d, start // b, stop // b)
+            targets[prefix + self.scale_name] = shard_target(scale, grid, d, start // b, stop // b, check=SCALES)
         if self.bias is not None:
             targets[prefix + "bias"] = (shard_target(self.bias, (full_out,), 0, start, stop) if bias_split
                                         else shard_target(self.bias, (full_out,), 0, 0, full_out))
@@ -151,8 +154,10 @@ class ExpertShard:
     def num_local(self) -> int:
         return self.stop - self.start
 
-    def target(self, param: torch.Tensor, full_shape: tuple[int, ...], convert=lambda t: t) -> WeightTarget:
-        """param's target: experts [start, stop) of the stored [num, ...] tensor, converted by `convert`."""
+    def target(self, param: torch.Tensor, full_shape: tuple[int, ...], convert=lambda t: t,
+               check: ValueCheck | None = None) -> WeightTarget:
+        """param's target: experts [start, stop) of the stored [num, ...] tensor, converted by `convert`;
+        check: what its stored values may not be."""
         dtype = FLOAT_DTYPES if param.dtype in FLOAT_DTYPES else param.dtype
 
         def assign(tensor: torch.Tensor) -> None:
@@ -160,7 +165,7 @@ class ExpertShard:
                 param.copy_(convert(tensor))
 
         shard = None if self.parallel.ep_size == 1 else (0, self.start, self.stop)
-        return WeightTarget(TensorSpec(tuple(full_shape), dtype), assign, shard=shard)
+        return WeightTarget(TensorSpec(tuple(full_shape), dtype), assign, shard=shard, check=check)
 
     def run(self, op, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, *args) -> torch.Tensor:
         """x [T, H], the model's top-k ids / weights [T, k] -> sum_k weights * expert(x) [T, H], every token's,

@@ -25,7 +25,7 @@ from typing import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from dayzero.engine.engine import RequestUpdate
+from dayzero.engine.engine import UNHEALTHY_AFTER_FAILED_STEPS, RequestUpdate
 from dayzero.engine.errors import InvalidRequestError
 from dayzero.engine.llm import LLM
 from dayzero.engine.sampling import SamplingParams
@@ -36,7 +36,7 @@ from dayzero.structured.grammar import GrammarError
 from dayzero.server import chat
 from dayzero.server.async_engine import AsyncEngine, EngineDeadError, QueueFullError, Submission
 from dayzero.server.protocol import (APIError, ChatCompletionRequest, CompletionRequest, GenerateRequest,
-                                     SGLangSamplingParams, parse)
+                                     SGLangSamplingParams, parse, unpaired_surrogate)
 
 
 @dataclass
@@ -45,9 +45,13 @@ class ServerConfig:
     api_key: str | None = None
     max_running_requests: int = 16
     max_queued_requests: int = 256
+    max_request_bytes: int = 32 << 20  # a larger body is refused with 413 before it is read whole
     extra_info: dict = field(default_factory=dict)  # reported by /get_server_info (the launch flags)
     tool_call_parser: str | None = None  # a chat format's name (dayzero/chat/formats.py), "none"; None: detected
     reasoning_parser: str | None = None
+
+
+RETRY_AFTER_S = 1  # the Retry-After of a 503 (full queue, shutting down)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -113,15 +117,15 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def _internal_error(request: Request, exc: Exception):
-        return JSONResponse(APIError(500, f"internal error: {exc!r}").body(), status_code=500)
+    async def _internal_error(request: Request, exc: Exception):  # the message only: no traceback in answers
+        return JSONResponse(APIError(500, f"internal error: {type(exc).__name__}: {exc}").body(), status_code=500)
 
     @app.middleware("http")
     async def _check_api_key(request: Request, call_next):
-        if config.api_key is not None and request.url.path not in ("/health", "/metrics"):
+        if config.api_key is not None and request.url.path != "/health":
             auth = request.headers.get("authorization", "")
             token = auth[7:] if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(token.encode(), config.api_key.encode()):
@@ -132,11 +136,28 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
 
     # -- helpers ----------------------------------------------------------------------------------
     async def read_json(request: Request):
-        raw = await request.body()
+        limit = config.max_request_bytes
+        too_large = APIError(413, f"the request body is larger than this server accepts ({limit} bytes, "
+                                  "--max-request-mib)", code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():  # counted as it arrives: a body without a length is bounded too
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
         try:
-            return json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            body = json.loads(b"".join(chunks))
+        except RecursionError:
+            raise APIError(400, "the request body is not valid JSON: nested too deeply") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of over 4300 digits
             raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+        if isinstance(body, dict) and (where := unpaired_surrogate(body)) is not None:
+            raise APIError(400, f"{where}: the text holds an unpaired UTF-16 surrogate (a \\ud800-\\udfff escape "
+                                "that is not half of a pair), which is not text; send valid Unicode", where)
+        return body
 
     def validate(prompt, params: SamplingParams, where: str) -> tuple[list[int], SamplingParams]:
         if isinstance(prompt, str) and not prompt.strip():
@@ -156,8 +177,14 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         except InvalidRequestError as exc:
             raise APIError(400, str(exc), exc.param or param, code=exc.code) from None
 
-    def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, rids: list[str] | None = None,
-                    images: list[tuple] | None = None) -> tuple[list[Submission], list[_Seq]]:
+    def submissions(prompts: list[tuple[list[int], SamplingParams]], prefix: str, field_name: str,
+                    rids: list[str] | None = None, images: list[tuple] | None = None
+                    ) -> tuple[list[Submission], list[_Seq]]:
+        total = sum(sp.n for _, sp in prompts)
+        if total > async_engine.max_in_flight:  # could never be admitted: not a 503 to retry
+            raise APIError(400, f"the request asks for {total} sequences ({len(prompts)} prompt(s) x n); this server "
+                                f"holds at most {async_engine.max_in_flight} at once (--max-running-requests + "
+                                "--max-queued-requests)", "n" if any(sp.n > 1 for _, sp in prompts) else field_name)
         subs, seqs = [], []
         for p, (ids, sp) in enumerate(prompts):
             base = rids[p] if rids else f"{prefix}-{p}"
@@ -167,13 +194,19 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         return subs, seqs
 
     async def run(subs: list[Submission]) -> AsyncIterator[tuple[int, RequestUpdate]]:
+        """The group's updates; a sequence whose engine step failed ends the request with a 500 naming why
+        (its other sequences are aborted)."""
+        retry = {"Retry-After": str(RETRY_AFTER_S)}
         try:
             async for item in async_engine.generate(subs):
+                if item[1].finish_reason == "error":
+                    raise APIError(500, item[1].error or "the engine step running this request failed",
+                                   code="internal_error")
                 yield item
         except QueueFullError as exc:
-            raise APIError(503, str(exc), code="queue_full") from None
+            raise APIError(503, str(exc), code="queue_full", headers=retry) from None
         except EngineDeadError as exc:
-            raise APIError(503, str(exc), code="engine_unavailable") from None
+            raise APIError(503, str(exc), code="engine_unavailable", headers=retry) from None
         except ValueError as exc:
             raise APIError(400, str(exc), "rid") from None
 
@@ -189,10 +222,11 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
-            if not task.done():
-                task.cancel()  # the generator's finally aborts the requests
+            if not task.done():  # the client is gone (or this handler is cancelled): abort its requests
+                task.cancel()  # the generator's finally aborts them
+                await asyncio.gather(task, return_exceptions=True)  # (cancel() only asks: wait until it is done)
         if not task.cancelled():
-            task.result()  # re-raise an APIError (queue full, engine gone)
+            task.result()  # re-raise an APIError (queue full, engine gone, a failed step)
 
     async def first_then_stream(subs, events: Callable[[AsyncIterator], AsyncIterator[str]]) -> StreamingResponse:
         """Start generating before answering, so a full queue is a 503, not a broken stream."""
@@ -290,7 +324,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         params = req.sampling_params(req.max_tokens, req.logprobs, req.constraint())
         checked = [validate(pr, params, "prompt" if len(prompts) == 1 else f"prompt {i}") for i, pr in enumerate(prompts)]
         rid = f"cmpl-{uuid.uuid4().hex}"
-        subs, seqs = submissions(checked, rid)
+        subs, seqs = submissions(checked, rid, "prompt")
         prompt_tokens = sum(len(ids) for ids, _ in checked)
         created = int(time.time())
         want_lp = req.logprobs is not None
@@ -369,7 +403,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         skip = False if plan.active and chat_setup.special_markers else None
         prompt_ids, params = validate(ids, req.sampling_params(max_tokens, logprobs, constraint, skip), "messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        subs, seqs = submissions([(prompt_ids, params)], rid, images=[placements])
+        subs, seqs = submissions([(prompt_ids, params)], rid, "messages", images=[placements])
         created = int(time.time())
 
         if req.stream:
@@ -442,7 +476,7 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
                   for i, (p, ims) in enumerate(zip(prompts, images))]
         checked = [validate(p, sp.sampling_params(logprobs), field_name if len(prompts) == 1 else f"{field_name} {i}")
                    for i, ((p, _), sp) in enumerate(zip(placed, sps))]
-        subs, seqs = submissions(checked, f"gen-{uuid.uuid4().hex}", rids, [pl for _, pl in placed])
+        subs, seqs = submissions(checked, f"gen-{uuid.uuid4().hex}", field_name, rids, [pl for _, pl in placed])
         arrival = time.perf_counter()
         many = batched or len(seqs) > 1
 
@@ -493,7 +527,11 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
         s, pool = e.scheduler, e.scheduler.kv.pool
         return {"kv_pool": {"num_blocks": pool.num_blocks, "num_free_blocks": pool.num_free,
                             "block_size": s.kv.block_size, "usage": pool.usage},
-                "num_running_reqs": s.num_running, "num_queued_reqs": s.num_waiting}
+                "num_running_reqs": s.num_running, "num_queued_reqs": s.num_waiting,
+                # what the engine still tracks (0 and 0 when idle: nothing leaks) and its recoveries
+                "num_tracked_reqs": len(e.tracks), "num_state_slots_held": e.runner.num_requests,
+                "token_budget": s.token_budget, "num_failed_steps": e.num_failed_steps,
+                "num_oom_retries": e.num_oom_retries}
 
     @app.get("/get_server_info")
     async def get_server_info():
@@ -514,6 +552,9 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             raise APIError(503, f"a rank of the tensor/expert-parallel job failed: {llm.workers.failure}")
         if not async_engine.is_alive:
             raise APIError(503, f"the engine is not running ({async_engine.error!r})")
+        if engine.failed_steps_in_a_row >= UNHEALTHY_AFTER_FAILED_STEPS:
+            raise APIError(503, f"the last {engine.failed_steps_in_a_row} engine steps failed (the latest: "
+                                f"{engine.last_failure}); the device may be broken")
         return Response(status_code=200)
 
     @app.get("/health_generate")
@@ -545,6 +586,12 @@ def create_app(llm: LLM, config: ServerConfig) -> FastAPI:
             "prefix_cache_hit_rate": ("Prompt tokens found in the prefix cache / prompt tokens admitted.",
                                       s.num_prefix_cached_tokens / admitted if admitted else 0.0),
             "num_preemptions": ("Requests preempted (recomputed) so far.", s.num_preemptions),
+            "num_failed_steps": ("Engine steps that raised so far (their requests failed, or retried after OOM).",
+                                 engine.num_failed_steps),
+            "num_oom_retries": ("Steps out of device memory retried within a smaller token budget so far.",
+                                engine.num_oom_retries),
+            "token_budget": ("Tokens per step now (below --chunked-prefill-size for a while after OOM).",
+                             s.token_budget),
         }
         return PlainTextResponse(async_engine.metrics.render(name, gauges),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")

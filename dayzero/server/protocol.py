@@ -23,11 +23,11 @@ class APIError(Exception):
     """An error answered as `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(self, status: int, message: str, param: str | None = None, type_: str | None = None,
-                 code: str | None = None):
+                 code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
         self.type = type_ or {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                              503: "server_overloaded"}.get(status, "server_error")
+                              413: "invalid_request_error", 503: "server_overloaded"}.get(status, "server_error")
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -232,6 +232,27 @@ class GenerateRequest(_Strict):
     logprob_start_len: int = -1  # accepted for compatibility; prompt logprobs are not computed
 
 
+def unpaired_surrogate(value: Any, path: str = "") -> str | None:
+    """The field ("messages.0.content") of the first string in a parsed JSON body that holds an unpaired
+    UTF-16 surrogate ("\\ud800" is valid JSON but no text: no tokenizer can encode it), or None."""
+    todo = [(path, value)]
+    while todo:
+        where, v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(v, dict):
+            todo.extend((f"{where}.{k}" if where else str(k), x) for k, x in v.items())
+            bad_key = next((k for k in v if unpaired_surrogate(k) is not None), None)
+            if bad_key is not None:  # named by its repr, which escapes the surrogate
+                return f"{where}.{bad_key!r}" if where else repr(bad_key)
+        elif isinstance(v, list):
+            todo.extend((f"{where}.{i}" if where else str(i), x) for i, x in enumerate(v))
+    return None
+
+
 def parse(model: type[BaseModel], body: Any) -> Any:
     """model_validate, with a pydantic error turned into a 400 naming the first bad field."""
     if not isinstance(body, dict):
@@ -243,7 +264,8 @@ def parse(model: type[BaseModel], body: Any) -> Any:
         loc = [str(p) for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
         param = ".".join(loc) or None
         if err["type"] == "extra_forbidden":
-            message = f"unrecognized request argument supplied: {param}"
+            param = ".".join(loc)  # as sent, even "" (an empty key)
+            message = f"unrecognized request argument supplied: {param!r}"
         elif err["type"] == "missing":
             message = f"missing required field: {param}"
         else:

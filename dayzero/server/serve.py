@@ -1,4 +1,5 @@
-"""`dayzero serve`: take the port, load the model, build the app, run uvicorn until SIGINT/SIGTERM.
+"""`dayzero serve`: take the port, load the model, build the app, run uvicorn until SIGINT/SIGTERM
+(the first drains, a second SIGINT exits at once: `_server_class`).
 
 The listening socket is bound before the model loads, so a busy port (or an address that cannot be
 bound) fails in a second, not after the load. On SIGTERM uvicorn stops accepting connections and waits up to `GRACEFUL_SHUTDOWN_S` for in-flight
@@ -10,7 +11,9 @@ within RANK_FAILURE_EXIT_S, and `serve` returns 1; /health answers 503 naming th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import socket
 import sys
 import threading
@@ -41,6 +44,8 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
     for flag in (args.tool_call_parser, args.reasoning_parser):
         if flag is not None:
             format_named(flag)  # an unknown name fails before the load
+    if not args.max_request_mib > 0:
+        raise ValueError(f"--max-request-mib must be > 0, got {args.max_request_mib}")
     sock = bind(args.host, args.port)
     try:
         llm = LLM(model_dir, **engine_args, progress=True)
@@ -51,14 +56,15 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
             served_model_name=args.served_model_name or model_dir.name, api_key=args.api_key,
             max_running_requests=args.max_running_requests, max_queued_requests=args.max_queued_requests,
             tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+            max_request_bytes=int(args.max_request_mib * 2**20),
             extra_info={"host": args.host, "port": args.port, "chunked_prefill_size": args.chunked_prefill_size,
                         "mem_fraction": args.mem_fraction, "kv_cache_gib": args.kv_cache_gib,
                         "kv_cache_dtype": args.kv_cache_dtype, "prefix_caching": not args.disable_prefix_caching,
                         "device": args.device,
                         "dtype": args.dtype})
         app = create_app(llm, config)
-        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                               timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
+        server = _server_class()(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
         if llm.workers is not None:
             llm.workers.on_failure.append(lambda failure: _exit_on_rank_failure(server, failure))
         server.run(sockets=[sock])
@@ -67,6 +73,40 @@ def serve(args: argparse.Namespace, model_dir: Path) -> int:
     finally:
         sock.close()
     return 1 if failed else 0
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server with dayzero's signals: the first SIGINT or SIGTERM drains (stop accepting, let
+        in-flight requests finish for up to GRACEFUL_SHUTDOWN_S, abort the rest, return: exit code 0); a
+        second SIGINT exits at once (code 130), cutting what is in flight. Unlike uvicorn's own, the
+        signals are not raised again once the server has stopped (that would end a drained server with a
+        KeyboardInterrupt)."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        def handle_exit(self, sig, frame) -> None:
+            if self.should_exit and sig == signal.SIGINT:
+                print("[dayzero] second SIGINT: exiting now, requests in flight are cut", file=sys.stderr, flush=True)
+                os._exit(130)
+            if not self.should_exit:
+                print(f"[dayzero] {signal.Signals(sig).name}: draining (no new connections; requests in flight finish "
+                      f"within {GRACEFUL_SHUTDOWN_S} s; a second SIGINT exits at once)", file=sys.stderr, flush=True)
+            self.should_exit = True
+
+    return Server
 
 
 def _exit_on_rank_failure(server, failure: str) -> None:

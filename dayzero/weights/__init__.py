@@ -9,7 +9,7 @@
 """
 
 from dayzero.weights.checkpoint import Checkpoint, format_bytes
-from dayzero.weights.errors import (CorruptCheckpointError, MissingTensorError, NoWeightsError,
+from dayzero.weights.errors import (CorruptCheckpointError, InvalidValuesError, MissingTensorError, NoWeightsError,
                                     TensorDtypeError, TensorShapeError, UnexpectedTensorError,
                                     WeightsError)
 from dayzero.weights.header import DTYPES, SafetensorsFile, TensorInfo, read_header
@@ -19,7 +19,7 @@ from dayzero.weights.loader import LoadSummary, iter_tensors, load_state_dict, r
 from dayzero.weights.schema import FLOAT_DTYPES, TensorSpec, check_schema, find_problems
 
 __all__ = [
-    "Checkpoint", "Chunk", "CorruptCheckpointError", "DTYPES", "FLOAT_DTYPES", "Layout", "LoadSummary",
+    "Checkpoint", "Chunk", "CorruptCheckpointError", "DTYPES", "FLOAT_DTYPES", "InvalidValuesError", "Layout", "LoadSummary",
     "MissingTensorError", "NoWeightsError", "Rename", "SafetensorsFile", "TensorDtypeError", "TensorInfo",
     "TensorShapeError", "TensorSpec", "UnexpectedTensorError", "Unstack", "WeightsError", "check_schema",
     "fill_targets", "find_problems", "format_bytes", "iter_tensors", "load_state_dict", "match_layout", "read_header",

@@ -40,3 +40,7 @@ class TensorShapeError(WeightsError):
 
 class TensorDtypeError(WeightsError):
     """A tensor's dtype differs from the model's expectation."""
+
+
+class InvalidValuesError(WeightsError):
+    """A tensor holds values its format forbids (NaN block scales): loading it would give wrong weights."""

@@ -25,7 +25,10 @@ Work is cut in file order (pieces of large tensors, runs of small ones up to abo
 taken by the workers in that order, so each file is read roughly front to back. Reads are
 os.preadv on one descriptor per file (no shared seek position; the GIL is released while reading).
 The caller checks the schema first (dayzero.weights.match_layout / check_schema): dtypes and shapes
-are not checked again here, only that every target's tensor exists.
+are not checked again here, only that every target's tensor exists. A target's value check
+(`target.check`, dayzero/weights/values.py: block scales) runs on the tensor as stored, where it was
+loaded; the counts are read back once, after every read, and any refused value raises
+InvalidValuesError naming the tensor and the file.
 """
 
 from __future__ import annotations
@@ -45,9 +48,10 @@ from tqdm import tqdm
 
 from dayzero import settings
 from dayzero.weights.checkpoint import Checkpoint
-from dayzero.weights.errors import CorruptCheckpointError, MissingTensorError
+from dayzero.weights.errors import CorruptCheckpointError, InvalidValuesError, MissingTensorError
 from dayzero.weights.header import TensorInfo
 from dayzero.weights.loader import LoadSummary
+from dayzero.weights.schema import schema_error
 
 PIECE_BYTES = 32 << 20  # a work item's bytes: one piece of a large tensor, or a run of small ones
 MAX_AUTO_THREADS = 8  # DAYZERO_LOAD_THREADS=0: min(this, CPU count)
@@ -120,6 +124,7 @@ def fill_targets(checkpoint: Checkpoint, targets: Mapping[str, Target], *, devic
         for fd in fds.values():
             os.close(fd)
         bar.close()
+    _check_values(infos, targets, reader.checked)
     if device.type == "cuda":  # conversions queued by assign are part of the load (and of its seconds)
         torch.cuda.synchronize(device)
     bytes_by_dtype = Counter()
@@ -127,6 +132,26 @@ def fill_targets(checkpoint: Checkpoint, targets: Mapping[str, Target], *, devic
         bytes_by_dtype[info.dtype] += _read_bytes(info, targets[info.name])
     return LoadSummary(len(infos), len(fds), dict(bytes_by_dtype.most_common()), time.perf_counter() - t0,
                        str(device), threads)
+
+
+def _check_values(infos: list[TensorInfo], targets: Mapping[str, Target], checked: list) -> None:
+    """Run the value checks of the targets read straight into their memory (the others ran as they were
+    read: `checked`), read every count back at once, and raise InvalidValuesError naming each tensor and
+    file that holds refused values."""
+    checked = list(checked)
+    for info in infos:
+        target = targets[info.name]
+        check = getattr(target, "check", None)
+        if check is not None and getattr(target, "shard", None) is None and (dest := _dest_bytes(info, target)) is not None:
+            checked.append((info, check, check.count(dest.view(info.torch_dtype))))
+    if not checked:
+        return
+    counts = torch.stack([c for _, _, c in checked]).tolist()  # one read back
+    problems = [InvalidValuesError(f"{info.where}: {n} of its {info.numel} values are {check.refused}; the file is "
+                                   "corrupt (re-download it)", tensor=info.name, file=info.file)
+                for (info, check, _), n in zip(checked, counts) if n]
+    if problems:
+        raise schema_error(problems, f"{len(problems)} tensor(s) hold values their format does not allow")
 
 
 def _dest_bytes(info: TensorInfo, target: Target) -> torch.Tensor | None:
@@ -198,6 +223,7 @@ class _Reader:
         self.local = threading.local()
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.checked: list = []  # (info, check, count on the device) of the targets checked as they were read
 
     def run(self, item: list[_Read]) -> None:
         if self.stop.is_set():
@@ -225,8 +251,17 @@ class _Reader:
         staging = self._buffer(r.info.nbytes)
         self._pread(staging, r)
         tensor = staging.view(r.info.torch_dtype).reshape(r.info.torch_shape)
+        self._assign(r, tensor.to(self.device))
+
+    def _assign(self, r: _Read, tensor: torch.Tensor) -> None:
+        """The target's check on the tensor as stored (its count read back with the others'), then assign."""
+        check = getattr(r.target, "check", None)
+        if check is not None:
+            count = check.count(tensor)
+            with self.lock:
+                self.checked.append((r.info, check, count))
         with torch.no_grad():
-            r.target.assign(tensor.to(self.device))
+            r.target.assign(tensor)
 
     def _read_shard(self, r: _Read) -> None:
         runs, run, stride, shape = _shard_geometry(r.info, r.target.shard)
@@ -235,8 +270,7 @@ class _Reader:
         for i in range(runs):
             self._pread_at(staging[i * run:(i + 1) * run], r.info, r.info.start + i * stride + first)
         tensor = staging.view(r.info.torch_dtype).reshape(shape)
-        with torch.no_grad():
-            r.target.assign(tensor.to(self.device))
+        self._assign(r, tensor.to(self.device))
 
     def _buffer(self, nbytes: int) -> torch.Tensor:
         buf = getattr(self.local, "buffer", None)

@@ -6,7 +6,8 @@ Layout of a .safetensors file:
                           optional "__metadata__": {str: str}}, padded with spaces
     bytes [8 + N, EOF)    data section; data_offsets are relative to its start, end exclusive
 
-Tensor data is little-endian and row-major. For sub-byte dtypes (F4, F6_*) "shape" counts the
+The tensors fill the data section exactly, one after another (gaps or trailing bytes are refused, as
+the safetensors library refuses them). Tensor data is little-endian and row-major. For sub-byte dtypes (F4, F6_*) "shape" counts the
 sub-byte values, so a tensor takes numel * bits / 8 bytes, which must be whole.
 """
 
@@ -162,6 +163,7 @@ def read_header(path: str | Path) -> SafetensorsFile:
                for name, entry in header.items()]
     tensors.sort(key=lambda t: (t.start, t.end))
     _check_no_overlap(path, tensors)
+    _check_covered(path, tensors, data_start, data_size)
     return SafetensorsFile(path, size, {t.name: t for t in tensors}, metadata)
 
 
@@ -206,6 +208,27 @@ def _parse_entry(path: Path, name: str, entry: object, data_start: int, data_siz
         raise corrupt(f"data ends at byte {end} of the data section, but the file has only "
                       f"{data_size} data bytes: the file is truncated (re-download it)")
     return TensorInfo(name, path, dtype, tuple(shape), data_start + begin, data_start + end)
+
+
+def _check_covered(path: Path, tensors: list[TensorInfo], data_start: int, data_size: int) -> None:
+    """The tensors (sorted, not overlapping) fill the data section exactly, as the safetensors library
+    requires: a gap or bytes past the last tensor mean the header length or an offset is wrong, and every
+    tensor would be read from the wrong place (a header length off by a few bytes still parses when the
+    bytes it gains or loses are spaces)."""
+    position = 0
+    for t in tensors:
+        if t.nbytes == 0:
+            continue
+        if t.start - data_start != position:
+            raise CorruptCheckpointError(
+                f"{path}: bytes [{position}, {t.start - data_start}) of the data section belong to no tensor (before "
+                f"{t.name!r}); the header length or data_offsets are wrong: the file is corrupt (re-download it)",
+                tensor=t.name, file=path)
+        position = t.end - data_start
+    if position != data_size:
+        raise CorruptCheckpointError(
+            f"{path}: the data section has {data_size} bytes but its tensors end at byte {position}; the header "
+            f"length or data_offsets are wrong: the file is corrupt or was written wrongly (re-download it)", file=path)
 
 
 def _check_no_overlap(path: Path, tensors: list[TensorInfo]) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from dayzero.weights.checkpoint import Checkpoint
-from dayzero.weights.errors import (MissingTensorError, TensorDtypeError, TensorShapeError,
+from dayzero.weights.errors import (InvalidValuesError, MissingTensorError, TensorDtypeError, TensorShapeError,
                                     UnexpectedTensorError, WeightsError)
 
 # Problems listed in one error message; all of them are still in the error's .problems.
@@ -101,7 +101,7 @@ def schema_error(problems: list[WeightsError], heading: str) -> WeightsError:
 
 
 _KINDS = {MissingTensorError: "missing", TensorShapeError: "wrong shape", TensorDtypeError: "wrong dtype",
-          UnexpectedTensorError: "unexpected"}
+          UnexpectedTensorError: "unexpected", InvalidValuesError: "invalid values"}
 
 
 def _shape_matches(expected: tuple[int | None, ...], found: tuple[int, ...]) -> bool:
