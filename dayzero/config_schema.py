@@ -179,10 +179,20 @@ KIMI_LINEAR = {
                            "head_dim": COUNT, "short_conv_kernel_size": COUNT,
                            "use_full_rank_gate": optional(FLAG), "gate_lower_bound": optional(NUMBER)},
 }
+GLM4_MOE = {**_COMMON, "head_dim": optional(COUNT), "first_k_dense_replace": optional(COUNT0), "n_group": optional(COUNT),
+            "topk_group": optional(COUNT), "n_routed_experts": COUNT, "n_shared_experts": optional(COUNT0),
+            "use_qk_norm": optional(FLAG)}
+QWEN3_5_MOE = {
+    **_COMMON, "head_dim": optional(COUNT), "num_experts": COUNT, "shared_expert_intermediate_size": COUNT,
+    "full_attention_interval": optional(COUNT), "linear_conv_kernel_dim": COUNT, "linear_key_head_dim": COUNT,
+    "linear_value_head_dim": COUNT, "linear_num_key_heads": COUNT, "linear_num_value_heads": COUNT,
+    "mtp_num_hidden_layers": optional(COUNT0),
+}
 SCHEMAS: dict[str, Schema] = {"deepseek_v3": DEEPSEEK_V3, "kimi_k2": DEEPSEEK_V3, "deepseek_v32": DEEPSEEK_V3,
-                              "deepseek_v4": DEEPSEEK_V4, "gpt_oss": GPT_OSS, "kimi_linear": KIMI_LINEAR}
+                              "deepseek_v4": DEEPSEEK_V4, "gpt_oss": GPT_OSS, "kimi_linear": KIMI_LINEAR,
+                              "glm4_moe": GLM4_MOE, "qwen3_5_moe_text": QWEN3_5_MOE, "qwen3_5_moe": QWEN3_5_MOE}
 
-# a vision-language wrapper (kimi_k25, kimi_k3): its own fields and its vision tower's (MoonViT names and
+# a vision-language wrapper (kimi_k25, kimi_k3, qwen3_5_moe): its own fields and its vision tower's (MoonViT names and
 # the remote code's vt_* names)
 _VISION = {
     "merge_kernel_size": list_of(COUNT, 2), "patch_size": COUNT, "text_hidden_size": COUNT, "qkv_hidden_size": COUNT,
@@ -190,6 +200,9 @@ _VISION = {
     **{f"{p}{name}": kind for p in ("", "vt_") for name, kind in (
         ("num_hidden_layers", LAYERS), ("hidden_size", COUNT), ("intermediate_size", COUNT), ("num_attention_heads", COUNT))},
     **{name: COUNT for name in ("init_pos_emb_height", "init_pos_emb_width", "pos_emb_height", "pos_emb_width")},
+    # Qwen3.5's vision tower (recognised for inspect)
+    **{name: COUNT for name in ("depth", "num_heads", "out_hidden_size", "num_position_embeddings", "spatial_merge_size",
+                                "temporal_patch_size")},
 }
 WRAPPER = {"text_config": optional(OBJECT), "vision_config": _VISION, "projection_hidden_size": optional(COUNT),
            "tie_word_embeddings": optional(FLAG), "quantization_config": QUANTIZATION}

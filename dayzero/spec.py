@@ -886,9 +886,11 @@ def rope_fields(cfg: dict, default_theta: float, default_partial: float) -> tupl
     (or `rope_scaling`) first, then the top-level `rope_theta` / `partial_rotary_factor` that released
     config.json files carry, then the config class's defaults."""
     params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    theta = params.get("rope_theta", cfg.get("rope_theta", default_theta))
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial))
-    return params, float(theta), float(partial)
+    def first(name: str, default: float) -> float:  # an explicit null is absent
+        value = params.get(name)
+        value = cfg.get(name) if value is None else value
+        return float(default if value is None else value)
+    return params, first("rope_theta", default_theta), first("partial_rotary_factor", default_partial)
 
 
 def _load_glm4_moe(cfg: dict, quant: QuantSpec, source: str) -> ModelSpec:
