@@ -36,9 +36,9 @@ def run_experts(p: Parallel, start: int, num_local: int, op, x: torch.Tensor, id
                 weights: torch.Tensor, *args) -> torch.Tensor:
     """x [T, H], ids / weights [T, k] (the model's expert ids; rank r's experts are [r n, (r + 1) n) with
     n = num_local, this rank's from `start`) -> [T, H], every token's routed output, on every rank."""
-    if p.ep_group is None:  # one process, or a group of one in a larger job (a joined job of one runs on)
-        return op(x, ids, weights, *args)
-    if p.expert_dispatch == "all_to_all":
+    if p.ep_size == 1:  # every expert here (a joined job of one still runs its all-reduce, to measure it)
+        return comm.all_reduce_experts(op(x, ids, weights, *args))
+    if p.expert_dispatch == "all_to_all" and p.ep_group is not None:
         return _all_to_all(p, start, num_local, op, x, ids, weights, *args)
     mine = (ids >= start) & (ids < start + num_local)
     return comm.all_reduce_experts(op(x, torch.where(mine, ids - start, 0), torch.where(mine, weights, 0), *args))
