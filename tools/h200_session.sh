@@ -42,8 +42,13 @@ case "${PART:-tests}" in
   vision)
     timeout ${T_VISION:-300} python bench/vision.py --model /tmp/kimi-k25 --make ${VISION_ARGS:-} > $OUT/vision.log 2>&1
     tail -20 $OUT/vision.log ;;
+  all)
+    TESTS_R="${ALL_TESTS}" PART=rerun bash "$0"
+    T_MASK=${T_MASK:-1} PART=bench bash "$0"
+    PART=vision bash "$0" ;;
   rerun)
     timeout -s INT ${T_R:-200} python -m pytest -q ${TESTS_R} -rfs > $OUT/rerun.log 2>&1
     grep -E "^FAILED|^ERROR|passed|failed" $OUT/rerun.log | tail -12 ;;
   *) echo "PART must be tests, rerun, bench or vision, got ${PART}" ;;
 esac
+# PART=all (the session's last call): ALL_TESTS rerun, then bench without structured.py, then vision
