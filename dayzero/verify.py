@@ -368,20 +368,46 @@ def reference_cached_logits(model, prompt: torch.Tensor, tokens: list[int], **in
     return torch.cat([step.float() for step in out.logits], dim=0)
 
 
-@torch.no_grad()
 @contextlib.contextmanager
-def _full_precision(dtype: torch.dtype):
+def _full_precision(dtype: torch.dtype, model_type: str):
     """float32 on CUDA without TF32 on either side (cuDNN's convolutions, the patch embedding and the short
-    convolutions, use TF32 by default: a 5e-4 relative error in transformers' own float32 forward)."""
-    if dtype != torch.float32 or not torch.cuda.is_available():
+    convolutions, use TF32 by default: a 5e-4 relative error in transformers' own float32 forward), and
+    transformers' torch definitions of the functions it takes from an installed kernel package instead
+    (`use_kernel_func_from_hub_with_fallback`: fla's chunk_kda / chunk_gated_delta_rule, whose products run
+    in TF32: Kimi Linear's and Qwen3.5's float32 references were 8e-4 and 2e-3 off on an H100 with fla-core)."""
+    if dtype != torch.float32:
         yield
         return
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    swaps = _torch_definitions(model_type)
+    for module, name, _, definition in swaps:
+        setattr(module, name, definition)
     try:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        for module, name, wrapped, _ in swaps:
+            setattr(module, name, wrapped)
+
+
+def _torch_definitions(model_type: str) -> list:
+    """(module, name, the function, its torch definition) for each function of transformers' modeling module
+    of `model_type` that wraps a torch definition (functools.wraps: `__wrapped__`, defined in that module)."""
+    import importlib
+    import inspect
+
+    name = {**REFERENCE_ALIASES, "qwen3_5_moe_text": "qwen3_5_moe"}.get(model_type, model_type)
+    try:
+        module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+    except ImportError:
+        return []
+    out = []
+    for attr, fn in list(vars(module).items()):
+        inner = getattr(fn, "__wrapped__", None)
+        if inspect.isfunction(fn) and inspect.isfunction(inner) and inner.__module__ == module.__name__:
+            out.append((module, attr, fn, inner))
+    return out
 
 
 def _both_sides(path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs, reference_ties, seconds):
@@ -407,6 +433,7 @@ def _both_sides(path, torch_dtype, device, prompt, decode_steps, tp, ep, image_i
     return model_type, our_steps, tokens, cached, full
 
 
+@torch.no_grad()
 def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: int = 8, seed: int = 0,
                       dtype: str = "float32", device: str = "cpu", tolerance: float | None = None,
                       reference_ties: str = "index", tp: int = 1, ep: int = 1, images=()) -> VerifyResult:
@@ -433,7 +460,7 @@ def verify_checkpoint(path: str | Path, *, prompt_len: int = 32, decode_steps: i
         prompt, image_inputs = _prompt_with_images(path, spec, prompt, list(images))
         prompt_len = prompt.shape[1]
     prompt = prompt.to(device)
-    with _full_precision(torch_dtype):
+    with _full_precision(torch_dtype, spec.model_type):
         model_type, our_steps, tokens, cached, full = _both_sides(
             path, torch_dtype, device, prompt, decode_steps, tp, ep, image_inputs, reference_ties, seconds)
 

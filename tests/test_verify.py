@@ -271,3 +271,31 @@ def test_verify_with_images(tmp_path, capsys, monkeypatch):
     assert main(argv + ["--image", str(files[0])]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["first_divergence"]["step"] == 0 and out["max_rel_err"] > 1e-3
+
+
+def test_float32_references_run_transformers_torch_definitions(monkeypatch):
+    """A function transformers takes from an installed kernel package (its `use_kernel_func_from_hub_with_
+    fallback`: functools.wraps over the torch definition, e.g. fla's chunk_kda, TF32 products in float32)
+    is its torch definition while a float32 verify runs, and the package's again after; bf16 keeps it."""
+    import functools
+    import sys
+    import types
+
+    from dayzero.verify import _full_precision
+
+    module = types.ModuleType("transformers.models.fake_fla.modeling_fake_fla")
+
+    def chunk_rule(x):
+        return "torch"
+    chunk_rule.__module__ = module.__name__
+
+    @functools.wraps(chunk_rule)
+    def from_package(x):
+        return "package"
+    module.chunk_rule = from_package
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    with _full_precision(torch.bfloat16, "fake_fla"):
+        assert module.chunk_rule(0) == "package"
+    with _full_precision(torch.float32, "fake_fla"):
+        assert module.chunk_rule(0) == "torch" and not torch.backends.cudnn.allow_tf32
+    assert module.chunk_rule(0) == "package"
