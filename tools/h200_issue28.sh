@@ -13,13 +13,7 @@
 #   v4     the DeepSeek-V4-Flash-shaped checkpoint (8 layers) and bench/e2e.py (MODES, default async: decode
 #          graphs): TTFT and decode at 8K and 128K (the target: decode at 128K and 1M within 2x of 8K);
 #          V4_TTFT="1040000" E2E_ARGS=--long-only T_E2E=500 for the 1M request alone (its prefill takes minutes)
-set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=${PYTHONPATH:-}:.
+source "$(dirname "$0")/device_env.sh"
 case "${PART:-tests}" in
   tests)
     timeout ${T_TESTS:-330} python -m pytest -q ${TESTS:-tests/kernels/test_v4_paged.py tests/kernels/test_linear_fp8.py \

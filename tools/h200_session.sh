@@ -9,13 +9,7 @@
 #   bench   the gpt-oss-20b-shaped checkpoint: dayzero bench with and without --json-schema (the cost of
 #           constrained decoding), bench/structured.py (the mask per step), and the OOM recovery test
 #   vision  bench/vision.py on the Kimi K2.5-shaped checkpoint: encoder images/s at 1024x1024, one-image TTFT
-set -u
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-export PYTHONPATH=${PYTHONPATH:-}:.
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case "${PART:-tests}" in
   tests)
