@@ -65,8 +65,10 @@ class Traffic:
     """Builds and checks the soak's requests (seeded)."""
 
     def __init__(self, seed: int, vocab: int = 800, long_prompt: tuple[int, int] = (400, 1200),
-                 max_tokens: tuple[int, int] = (4, 24)):
+                 max_tokens: tuple[int, int] = (4, 24), first: tuple[str, ...] = ()):
+        """first: the kinds of the first requests, in order, before the seeded mix (a short run's must-haves)."""
         self.rng = random.Random(seed)
+        self.first = list(first)
         self.vocab, self.long_prompt, self.max_tokens = vocab, long_prompt, max_tokens
         self.prefixes = [[self.rng.randrange(10, vocab) for _ in range(n)] for n in (48, 96, 160, 200)]
         self.systems = [" ".join(self.rng.choice(WORDS) for _ in range(n)) for n in (30, 60)]
@@ -159,6 +161,8 @@ class Traffic:
                                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
     def kind(self) -> str:
+        if self.first:
+            return self.first.pop(0)
         return self.rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
 
 

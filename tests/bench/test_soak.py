@@ -29,7 +29,8 @@ def test_the_short_soak_and_overload_pass_every_check(caplog):
         engine = running.app.state.async_engine.engine
         assert engine.scheduler.kv.pool.num_blocks == 200  # long prompts fill it: preemption
         engine.runner.faults = FaultInjector("oom@10,oom@11,oom@60")  # (the budget relaxes every 64 steps)
-        traffic = soak.Traffic(seed=0, long_prompt=(100, 300), max_tokens=(2, 6))  # (2 cores: a lighter mix)
+        # (2 cores: a lighter mix; a stream cut first: how many requests 5 s hold depends on the machine)
+        traffic = soak.Traffic(seed=0, long_prompt=(100, 300), max_tokens=(2, 6), first=("stream_cut", "long_prompt"))
         with caplog.at_level(logging.WARNING):
             result = asyncio.run(soak.soak(running.url, SECONDS, workers=4, rss=_rss_mib, interval=0.5, traffic=traffic))
             burst = asyncio.run(soak.offered(running.url, rate=20, duration=1.5))  # ~30 arrivals, 8 in flight at most

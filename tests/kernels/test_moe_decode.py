@@ -7,6 +7,8 @@ the compiled code); on CUDA the PTX runs. Tolerances as in test_moe_mxfp4.
 """
 
 import pytest
+
+from tests.budget import ci_cases
 import torch
 
 from dayzero.ops.moe import Activation, _experts_reference
@@ -352,9 +354,9 @@ def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, model_layers):  # 
     assert rel_err(_run(x, bad, w, experts, act, cfg), _run(x, bad, w, experts, act, triton_cfg)) < 2e-3
 
 
-@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "1x32x256x8"],
+@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--gated", "--tile", "1x32x256x8"],
                                   ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
-                                  ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])
+                                  ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]]))
 def test_decode_kernel_sass_for_sm90(args):
     """Compiled for sm_90 here (Triton's bundled ptxas, no GPU; tools/sass_moe_decode.py): nothing
     spills, the weight decode costs at most 4.5 PRMT and 4 dp4a per weight word per row (the offset
@@ -379,9 +381,9 @@ def test_decode_kernel_sass_for_sm90(args):
     assert ("LDGSTS" in per_word) == ("--stages" in args), out
 
 
-@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3"],
+@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3"],
                                   ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--normal"],
-                                  ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]])
+                                  ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]]))
 def test_gluon_decode_kernel_sass_for_sm90(args):
     """_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
     spills, 4 dp4a and at most 4.1 PRMT per weight word (prologue and epilogue included), the shared-memory

@@ -3,6 +3,8 @@ weights, against the reference op and the exact float32 layer. Tolerances as tes
 activations and intermediate)."""
 
 import pytest
+
+from tests.budget import ci_cases
 import torch
 
 from dayzero.ops.moe import Activation, _experts_reference
@@ -89,8 +91,8 @@ def test_mma_layer_full_shapes_cuda(model, tokens, variant):
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
 
 
-@pytest.mark.parametrize("args", [["--k", "2880", "--mxfp4", "--gated", "--tile", "128x64x64x4x4"],
-                                  ["--k", "2048", "--tile", "128x128x64x8x4"]])
+@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--mxfp4", "--gated", "--tile", "128x64x64x4x4"],
+                                  ["--k", "2048", "--tile", "128x128x64x8x4"]]))
 def test_prefill_kernel_compiles_to_wgmma_for_sm90(args):
     """Compiled for sm_90 here (Triton's bundled ptxas, no GPU): the main loop issues wgmma (HGMMA)
     and nothing spills, for the MXFP4 gate/up and the bf16 down GEMM tiles the rule picks."""

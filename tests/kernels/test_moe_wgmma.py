@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.budget import ci_cases
 import torch
 
 from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference
@@ -73,10 +75,10 @@ def test_wgmma_config_checks():
             WgmmaConfig(**bad)
 
 
-@pytest.mark.parametrize("args", [["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
+@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
                                   ["--k", "4096", "--gated", "--bt", "64", "--low"],
                                   ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
-                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"]])
+                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"]], keep=2))
 def test_wgmma_kernel_compiles_for_sm90(args):
     """Compiled for sm_90 on this machine (no GPU): the upcast's layout conversion is trivial (the
     kernel asserts it at compile time), the main loop issues HGMMA with its A operand from registers
