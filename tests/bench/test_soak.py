@@ -41,7 +41,8 @@ def test_the_short_soak_and_overload_pass_every_check(caplog):
             assert ok, f"{name}: {why}"
         assert burst["other"] == 0 and burst["ok"] >= 8 and burst["rejected"] >= 10, burst  # only 200s and 503s
         assert burst["retry_after"] == ["1"] and burst["reject_p99_s"] < 1.0, burst  # rejected at once, Retry-After
-        assert engine.num_oom_retries >= 1 and result.final["num_oom_retries"] == engine.num_oom_retries
+        # the soak's last /get_server_info saw its retries; a later injected fault may land in the burst
+        assert 1 <= result.final["num_oom_retries"] <= engine.num_oom_retries
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert not errors, errors[0].getMessage()
     finally:
