@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--separate-tables", action="store_true", help="k and v paged by different tables")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     ap.add_argument("--tile", help="BLOCK_MxBLOCK_NxWARPSxSTAGES (prefill) / BLOCK_NxWARPSxSTAGES (decode); "
-                                   "default: what choose picks at 8K keys")
+                                   "default: what choose picks at --query-len keys")
+    ap.add_argument("--query-len", type=int, default=8192, help="the prompt length choose picks the tiles for")
     ap.add_argument("--dump", type=Path, help="write the whole SASS here")
     args = ap.parse_args()
     hq, hkv = (int(x) for x in args.heads.split("x"))
@@ -75,12 +76,12 @@ def main() -> None:
                   DOT_F32=args.dtype == "fp32", INTERPRET=False)
     tile = [int(x) for x in args.tile.split("x")] if args.tile else None
     if args.kernel == "prefill":
-        cfg = choose((8192,), (8192,), hq, hkv, d, 128 if args.window else None, float32=args.dtype == "fp32").prefill
+        cfg = choose((args.query_len,), (args.query_len,), hq, hkv, d, 128 if args.window else None, float32=args.dtype == "fp32").prefill
         bm, bn, warps, stages = tile or (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         consts = dict(common, HKV=hkv, G=g, BLOCK_M=bm, BQ=bm // g, BLOCK_N=bn)
         compiled = compile_kernel(_gqa_prefill._prefill_kernel, ptrs, consts, warps, stages)
     elif args.kernel == "decode":
-        cfg = choose((1,) * 64, (8192,) * 64, hq, hkv, d, 128 if args.window else None).decode
+        cfg = choose((1,) * 64, (args.query_len,) * 64, hq, hkv, d, 128 if args.window else None).decode
         bn, warps, stages = tile or (cfg.block_n, cfg.num_warps, cfg.num_stages)
         consts = dict(common, HQ=hq, G=g, BLOCK_H=max(16, triton.next_power_of_2(g)), BLOCK_N=bn, SPLIT=True)
         compiled = compile_kernel(_gqa_decode._decode_kernel, ptrs, consts, warps, stages)

@@ -87,7 +87,10 @@ def choose(query_lens: tuple[int, ...], seq_lens: tuple[int, ...], num_q_heads: 
         if float32 or head_dim > 128:  # twice the accumulator or operand bytes: half the rows, else they spill
             prefill = PrefillConfig(block_m=min(block_m, max(64, _pow2(group))), block_n=32, num_warps=8, num_stages=2)
         else:  # 8 warps at 128 rows: two warpgroups of 64 rows, half the registers of 4 warps (238, no spills)
-            prefill = PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if block_m >= 128 else 4, num_stages=3)
+            # Triton 3.6's ptxas (12.8) crashes (SIGSEGV) on 64 x 64 tiles of 32-wide heads, 4 warps, 3+ stages,
+            # pages <= 16 (tools/sass_attention_gqa.py, found on a Qwen3.5 test model): 2 stages there
+            stages = 2 if block_m == 64 and _pow2(head_dim) == 32 else 3
+            prefill = PrefillConfig(block_m=block_m, block_n=64, num_warps=8 if block_m >= 128 else 4, num_stages=stages)
     pairs = sum(t * s for t, s in zip(query_lens[decodes:], seq_lens[decodes:]))
     flash = flash_ok and sliding_window is None and decodes < n and pairs >= FLASH_MIN_PAIRS
     return Plan(decodes, decode, prefill, flash=flash)
