@@ -311,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json-schema", nargs="?", const="records", default=None, metavar="FILE",
                    help="constrain every request's output to a JSON schema (structured outputs): FILE, or without "
                    "a value an array of 1000+ records that no run completes; needs the checkpoint's tokenizer")
+    p.add_argument("--profile-steps", type=_at_least(0), default=0, metavar="N",
+                   help="after each level, profile N decode steps of its batch (torch.profiler, rank 0) and print "
+                   "the time per step in collectives (NCCL kernels on CUDA, gloo on the CPU) and their share of "
+                   "the step: the cost of --tp / --ep (default 0: off)")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bars")
     add_engine_arguments(p, max_running_requests=None,
                          running_help="sequences decoded together (default: the largest --max-concurrency, or "

@@ -9,6 +9,9 @@
 #   bench   the gpt-oss-20b-shaped checkpoint: dayzero bench with and without --json-schema (the cost of
 #           constrained decoding), bench/structured.py (the mask per step), and the OOM recovery test
 #   vision  bench/vision.py on the Kimi K2.5-shaped checkpoint: encoder images/s at 1024x1024, one-image TTFT
+#   multi       (kind nvidia-h200-x2) the NCCL tests: every family at tp 2 and ep 2 against one GPU, a killed rank
+#   multibench  (kind nvidia-h200-x2) bench/parallel.py: KIND=gpt-oss-20b (default) or KIND=deepseek-v4-flash
+#               LAYERS=12; SPLITS (default 1x1 2x1 1x2), PAR_ARGS (more bench/parallel.py flags)
 source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case "${PART:-tests}" in
@@ -40,9 +43,18 @@ case "${PART:-tests}" in
     TESTS_R="${ALL_TESTS}" PART=rerun bash "$0"
     T_MASK=${T_MASK:-1} PART=bench bash "$0"
     PART=vision bash "$0" ;;
+  multi)  # issue 30, on nvidia-h200-x2 (two GPUs, NCCL): every family split against one GPU, a rank killed
+    timeout -s INT ${T_MULTI:-500} python -m pytest -q tests/parallel/test_nccl_multi_gpu.py tests/parallel/test_nccl_world1.py \
+      -rfs > $OUT/multi.log 2>&1
+    grep -E "^FAILED|^ERROR|passed|failed" $OUT/multi.log | tail -12 ;;
+  multibench)  # issue 30: decode tok/s of each split at batch 1 / 64 / 256 against one GPU, the collectives' share
+    KIND=${KIND:-gpt-oss-20b}; M=${MODEL_DIR:-/tmp/$KIND}
+    timeout ${T_PAR:-560} python bench/parallel.py --model $M --make $KIND ${LAYERS:+--layers $LAYERS} \
+      --splits ${SPLITS:-1x1 2x1 1x2} ${PAR_ARGS:-} --json $OUT/parallel-$KIND.json > $OUT/parallel-$KIND.log 2>&1
+    grep -vE "^\[parallel\]|USDT" $OUT/parallel-$KIND.log | tail -14 ;;
   rerun)
     timeout -s INT ${T_R:-200} python -m pytest -q ${TESTS_R} -rfs > $OUT/rerun.log 2>&1
     grep -E "^FAILED|^ERROR|passed|failed" $OUT/rerun.log | tail -12 ;;
-  *) echo "PART must be tests, rerun, bench or vision, got ${PART}" ;;
+  *) echo "PART must be tests, rerun, bench, vision, multi or multibench, got ${PART}" ;;
 esac
 # PART=all (the session's last call): ALL_TESTS rerun, then bench without structured.py, then vision

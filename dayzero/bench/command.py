@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from dayzero.bench.plot import require_matplotlib, write_plot
-from dayzero.bench.report import format_comparison, format_run
+from dayzero.bench.report import format_comparison, format_profile, format_run
 from dayzero.bench.workload import WARMUP_DRAW, BenchRequest, Workload
 
 WARMUP_OUTPUT_LEN = 16
@@ -56,6 +56,8 @@ def _check(args: argparse.Namespace) -> Path | None:
     if args.json_schema is not None and args.vs is not None:
         raise ValueError("--json-schema constrains dayzero's outputs; transformers' generate would run "
                          "unconstrained, so --vs transformers cannot be combined with it")
+    if args.url is not None and args.profile_steps:
+        raise ValueError("--profile-steps profiles the engine in this process; it cannot be combined with --url")
     if args.output_file is None:
         return None
     output = Path(args.output_file)
@@ -101,6 +103,8 @@ def bench(args: argparse.Namespace, model_dir: Path) -> int:
         backend, info, runs, baseline = _bench_offline(args, model_dir, workload, levels)
     for run in runs:
         print(format_run(run, backend), flush=True)
+        if "profile" in run:
+            print(format_profile(run["profile"]), flush=True)
     if baseline:
         print(format_comparison(runs, baseline), flush=True)
     if output is not None:
@@ -126,17 +130,22 @@ def _bench_offline(args, model_dir: Path, workload: Workload, levels: list[int |
         print(f"[dayzero] up to {widest} requests are in flight (--max-concurrency, else --num-prompts) and "
               f"--max-running-requests is {args.max_running_requests}: the engine runs that many together, the "
               "rest wait in its queue (their TTFT includes the wait)", file=sys.stderr)
-    if args.max_model_len is None:
-        args.max_model_len = workload.max_request_len
+    if args.max_model_len is None:  # with --profile-steps, room for the profiled requests' longer outputs
+        args.max_model_len = workload.max_request_len + (_profile_tokens(args) if args.profile_steps else 0)
     llm = LLM(model_dir, **llm_kwargs(args), progress=not args.disable_tqdm)
     runs = []
-    for index, level in enumerate(levels):
-        warmup = _warmup(args, workload, level, index, args.max_running_requests)
-        if warmup:
-            run_offline(llm.engine, warmup, level, args.ignore_eos, prefix="warmup")
-        with _bar(args, workload.num_prompts, f"dayzero, concurrency {level or 'all'}") as bar:
-            run = run_offline(llm.engine, workload.requests(index), level, args.ignore_eos, progress=bar)
-        runs.append(run.summary())
+    try:
+        for index, level in enumerate(levels):
+            warmup = _warmup(args, workload, level, index, args.max_running_requests)
+            if warmup:
+                run_offline(llm.engine, warmup, level, args.ignore_eos, prefix="warmup")
+            with _bar(args, workload.num_prompts, f"dayzero, concurrency {level or 'all'}") as bar:
+                run = run_offline(llm.engine, workload.requests(index), level, args.ignore_eos, progress=bar)
+            runs.append(run.summary())
+            if args.profile_steps:
+                runs[-1]["profile"] = _profile(args, llm, workload, level, index)
+    finally:  # --tp / --ep: the workers and this process leave the job (a later engine in-process is alone)
+        llm.close()
     info = {"model": str(model_dir), "device": args.device, "dtype": args.dtype,
             "max_running_requests": args.max_running_requests, "max_model_len": llm.max_model_len,
             "kv_cache_blocks": llm.scheduler.kv.pool.num_blocks}
@@ -156,7 +165,27 @@ def _bench_offline(args, model_dir: Path, workload: Workload, levels: list[int |
             with _bar(args, workload.num_prompts, f"transformers, concurrency {level or 'all'}") as bar:
                 result = run_transformers(model, workload.requests(index), level, args.ignore_eos, eos, progress=bar)
             baseline.append(result.summary())
-    return f"dayzero ({args.device}, {args.dtype})", info, runs, baseline
+    split = f", tp {args.tp} x ep {args.ep}" if args.tp * args.ep > 1 else ""
+    return f"dayzero ({args.device}, {args.dtype}{split})", info, runs, baseline
+
+
+def _profile_tokens(args) -> int:
+    """Output tokens of a profiled request: its first, the settling steps, the timed and the profiled steps."""
+    from dayzero.bench.profile import SETTLE_STEPS
+
+    return 2 * args.profile_steps + SETTLE_STEPS + 2
+
+
+def _profile(args, llm, workload: Workload, level: int | None, index: int) -> dict:
+    """--profile-steps: the collectives' share of decode steps of the level's batch (dayzero/bench/profile.py)."""
+    from dayzero.bench.profile import profile_decode
+    from dayzero.engine.sampling import SamplingParams
+
+    batch = min(level or workload.num_prompts, workload.num_prompts, args.max_running_requests)
+    params = SamplingParams(max_tokens=_profile_tokens(args), temperature=0.0, ignore_eos=True)
+    requests = [llm.engine.validate(r.prompt_token_ids, params, f"profiled prompt {i}")
+                for i, r in enumerate(workload.requests(index)[:batch])]
+    return profile_decode(llm.engine, requests, args.profile_steps).summary()
 
 
 def _bench_remote(args, workload: Workload, levels: list[int | None]):

@@ -62,3 +62,14 @@ def format_comparison(ours: list[dict], theirs: list[dict]) -> str:
         lines.append(f"{c!s:<18}{a['output_throughput']:>14.2f}{b['output_throughput']:>20.2f}{ratio:>9.2f}x")
     lines.append(_rule(fill="="))
     return "\n".join(lines)
+
+
+def format_profile(p: dict) -> str:
+    """A level's --profile-steps summary (dayzero/bench/profile.py) as text."""
+    rows: list[tuple[str, object] | str] = [
+        _rule(f" Collectives: {p['steps']} decode steps of {p['batch']} (rank 0) "),
+        ("Step time (ms):", p["step_ms"]), ("Step time under the profiler (ms):", p["profiled_step_ms"])]
+    for where, key in (("device", "device_ms_per_step"), ("host", "host_ms_per_step")):
+        rows += [(f"{kind} ({where}, ms/step):", ms) for kind, ms in p[key].items()]
+    rows += [(f"Share of the step ({p['share_of'].split(' (')[0]}):", f"{100 * p['share']:.1f}%"), _rule(fill="=")]
+    return "\n".join(row if isinstance(row, str) else f"{row[0]:<40}{_value(row[1]):<10}" for row in rows)

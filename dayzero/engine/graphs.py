@@ -45,6 +45,7 @@ import torch
 from dayzero.cache.paged import PagedKVStorage, PagedStepCache
 from dayzero.cache.static_step import StaticStep
 from dayzero.cache.step import SeqStep
+from dayzero.kernels.devices import warmup_stream
 from dayzero.ops.registry import REFERENCE, REGISTRY
 
 log = logging.getLogger("dayzero")
@@ -131,7 +132,7 @@ class DecodeGraphs:
             bar.set_postfix_str(f"batch {b}, {free / 2**30:.1f} GiB free")
             self.static.fill([], b)
             meta = self.static.meta(b)
-            side = torch.cuda.Stream(device)
+            side = warmup_stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(side):
                 for _ in range(2):

@@ -1,8 +1,9 @@
 """Facts about the machine that never change while the process runs, looked up once: a CUDA device's
 compute capability and SM count (torch.cuda.get_device_capability and get_device_properties cost a few
 microseconds each, and an eager MoE layer asked for them seven times per call: tools/profile_moe_host.py),
-whether Triton and a CUDA device exist, whether an optional kernel library imports there (fla-core), and
-whether Triton runs kernels in its CPU interpreter."""
+whether Triton and a CUDA device exist, whether an optional kernel library imports there (fla-core),
+whether Triton runs kernels in its CPU interpreter; and the one side stream per device that CUDA graph
+warm-ups run on."""
 
 from __future__ import annotations
 
@@ -30,6 +31,20 @@ def capability(device: torch.device) -> tuple[int, int]:
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of CUDA `device`."""
     return _facts(_index(device))[1]
+
+
+@functools.cache
+def _warmup_stream(index: int) -> torch.cuda.Stream:
+    return torch.cuda.Stream(index)
+
+
+def warmup_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of CUDA `device` on which every CUDA graph's warm-up runs before its capture (the
+    decode graphs, the MoE layer graphs). One per device for the process: torch gives each stream that runs
+    a cuBLAS matmul a workspace of its own (32 MiB on Hopper) and keeps it until the process ends, so a new
+    stream per capture kept 32 MiB per graph (H100, 2026-12-06: the demo's 5 decode graphs left 160 MiB
+    allocated after its engine was gone; tests/engine/test_graphs.py)."""
+    return _warmup_stream(_index(device))
 
 
 @functools.cache

@@ -143,6 +143,7 @@ def test_bad_flags_are_argparse_errors_naming_the_flag(flag, value, message, cap
 
 @pytest.mark.parametrize("argv, message", [
     (["--vs", "transformers", "--url", "http://127.0.0.1:1"], "--vs transformers runs transformers in this process"),
+    (["--profile-steps", "2", "--url", "http://127.0.0.1:1"], "--profile-steps profiles the engine in this process"),
     (["--output-file", "plot.png"], "--output-file plot.png is the JSON"),
     (["--mem-fraction", "1.5"], "--mem-fraction must be in (0, 1], got 1.5"),
     (["--chunked-prefill-size", "0"], "--chunked-prefill-size must be at least 1, or -1"),

@@ -30,7 +30,13 @@ def _generate_until_it_fails(llm: LLM, deadline_s: float = 20.0) -> tuple[RankFa
 
 
 def test_a_killed_worker_fails_the_next_step_naming_its_rank():
-    llm = LLM(None, tensor_parallel_size=2)
+    a_killed_worker_fails_the_next_step_naming_its_rank()
+
+
+def a_killed_worker_fails_the_next_step_naming_its_rank(**kwargs):
+    """Also on two GPUs (tests/parallel/test_nccl_multi_gpu.py: NCCL, the collective waiting on the dead rank
+    aborted)."""
+    llm = LLM(None, tensor_parallel_size=2, **kwargs)
     try:
         assert len(llm.generate(["Hi"], SamplingParams(max_tokens=4, temperature=0.0))[0].outputs[0].token_ids) == 4
         pid = llm.workers.pids[1]
@@ -68,11 +74,16 @@ def _get(url: str) -> tuple[int, dict | str]:
 
 
 def test_the_server_reports_a_killed_rank_and_exits_within_seconds(tmp_path):
+    the_server_reports_a_killed_rank_and_exits_within_seconds(tmp_path)
+
+
+def the_server_reports_a_killed_rank_and_exits_within_seconds(tmp_path, *flags: str):
+    """flags: more `dayzero serve` flags (tests/parallel/test_nccl_multi_gpu.py: --device cuda, NCCL)."""
     from tests.server.conftest import free_port
 
     port = free_port()
     log = open(tmp_path / "stderr", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "dayzero", "serve", "--tp", "2", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "dayzero", "serve", "--tp", "2", "--port", str(port), *flags],
                             stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:

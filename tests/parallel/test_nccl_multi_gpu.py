@@ -1,6 +1,8 @@
 """On two or more GPUs (issue 30's runs; skipped on fewer): a model split over NCCL ranks, with decode graphs
 captured on every rank in step and async scheduling (the last step's ids broadcast on the device), gives
-one GPU's greedy tokens, every family; logprobs within bf16's reach (the split matmuls sum in another order)."""
+one GPU's greedy tokens, every family; logprobs within bf16's reach (the split matmuls sum in another order).
+A rank killed mid-request: the LLM's next step names it and the server exits within 10 s (NCCL: the
+collective waiting on the dead rank is aborted, no hang)."""
 
 from __future__ import annotations
 
@@ -38,3 +40,15 @@ def test_split_over_gpus_gives_one_gpus_tokens_with_graphs(tmp_path, case, split
     assert tokens == want_tokens
     for got, want in zip(logprobs, want_logprobs):
         assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=5e-2, rtol=5e-2)
+
+
+def test_a_killed_rank_fails_the_next_step_naming_it():
+    from tests.parallel.test_failure import a_killed_worker_fails_the_next_step_naming_its_rank
+
+    a_killed_worker_fails_the_next_step_naming_its_rank(device="cuda", dtype="bfloat16")
+
+
+def test_the_server_reports_a_killed_rank_and_exits_within_10_s(tmp_path):
+    from tests.parallel.test_failure import the_server_reports_a_killed_rank_and_exits_within_seconds
+
+    the_server_reports_a_killed_rank_and_exits_within_seconds(tmp_path, "--device", "cuda", "--dtype", "bfloat16")

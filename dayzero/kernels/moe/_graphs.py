@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from dayzero import settings
+from dayzero.kernels.devices import warmup_stream
 from dayzero.kernels.moe._state import layer_state, tensors_key
 
 _POOLS: dict[torch.device, tuple] = {}
@@ -54,7 +55,7 @@ class _Graph:
         self.inputs: dict[int, list] = {}  # per token count: the views of the static inputs it fills
         self.outputs: dict[int, torch.Tensor] = {}  # ... and of the output it reads
         self._load(x, topk_ids, topk_weights)
-        side = torch.cuda.Stream(dev)
+        side = warmup_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # compiles the bucket's kernels and settles the allocator
             run(self.x, self.ids, self.weights)
