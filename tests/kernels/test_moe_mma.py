@@ -29,13 +29,20 @@ def _check(x, ids, w, experts, act, configs):
     assert rel_err(out, _experts_reference(x, ids, w, experts, act)) < 1.5e-2
 
 
-@interpreter
-@pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
-@pytest.mark.parametrize("act", list(ACTIVATIONS))
-@pytest.mark.parametrize("tokens,top_k,bias,tiles", [
+MMA_SHAPES = [
     (40, 2, True, (16, 32, 64, 2)),     # H = 96: masked K tail in gate/up, N tail (96 of 2 x 64) in down
     (23, 3, False, (32, 64, 32, 4)),    # blocks past the last used one; GROUP_M 4 over an uneven count
-])
+]
+# CI: each format with every activation and both shapes; DAYZERO_FULL_TESTS=1: every format x activation x shape
+_MMA_CI = [("mxfp4", "gpt_oss", 0), ("mxfp4", "swiglu", 1), ("mxfp4", "swiglu_limit", 1),
+           ("bf16", "swiglu", 0), ("bf16", "swiglu_limit", 1), ("bf16", "gpt_oss", 1)]
+MMA_CASES = ci_cases([(f, a, *MMA_SHAPES[i]) for f, a, i in _MMA_CI + [
+    (f, a, i) for f in ("mxfp4", "bf16") for a in ACTIVATIONS for i in range(2) if (f, a, i) not in _MMA_CI]],
+    keep=len(_MMA_CI))
+
+
+@interpreter
+@pytest.mark.parametrize("fmt,act,tokens,top_k,bias,tiles", MMA_CASES)
 def test_mma_layer_interpreted(fmt, act, tokens, top_k, bias, tiles):
     from dayzero.kernels.moe.configs import MmaConfig
 
