@@ -10,6 +10,7 @@ import torch
 from dayzero.ops.moe import Activation, _experts_reference
 from tests.kernels.conftest import cuda, interpreter
 from tests.kernels.moe_inputs import as_bf16, exact, random_layer, random_routing, rel_err
+from tests.kernels.sm90_compile import register, report
 
 GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
 ACTIVATIONS = {"swiglu": Activation("swiglu"), "swiglu_limit": Activation("swiglu", limit=1.5), "gpt_oss": GPT_OSS}
@@ -98,19 +99,11 @@ def test_mma_layer_full_shapes_cuda(model, tokens, variant):
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
 
 
-@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--mxfp4", "--gated", "--tile", "128x64x64x4x4"],
-                                  ["--k", "2048", "--tile", "128x128x64x8x4"]]))
+@pytest.mark.parametrize("args", register("sass_moe_mma", ci_cases([
+    ["--k", "2880", "--mxfp4", "--gated", "--tile", "128x64x64x4x4"], ["--k", "2048", "--tile", "128x128x64x8x4"]])))
 def test_prefill_kernel_compiles_to_wgmma_for_sm90(args):
     """Compiled for sm_90 here (Triton's bundled ptxas, no GPU): the main loop issues wgmma (HGMMA)
     and nothing spills, for the MXFP4 gate/up and the bf16 down GEMM tiles the rule picks."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_mma.py"), *args], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "stack (spills) 0 B" in run.stdout and "HGMMA" in run.stdout, run.stdout
+    code, out, err, _ = report("sass_moe_mma", args)
+    assert code == 0, err[-2000:]
+    assert "stack (spills) 0 B" in out and "HGMMA" in out, out
