@@ -11,6 +11,7 @@ from dayzero.ops.moe import Activation, _experts_reference
 from tests.kernels.conftest import cuda, interpreter
 from tests.kernels.moe_inputs import as_bf16, exact, random_layer, random_routing, rel_err
 from tests.kernels.sm90_compile import register, report
+from tests.kernels.test_moe_mxfp4 import _tiles_id
 
 GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
 ACTIVATIONS = {"swiglu": Activation("swiglu"), "swiglu_limit": Activation("swiglu", limit=1.5), "gpt_oss": GPT_OSS}
@@ -43,7 +44,7 @@ MMA_CASES = ci_cases([(f, a, *MMA_SHAPES[i]) for f, a, i in _MMA_CI + [
 
 
 @interpreter
-@pytest.mark.parametrize("fmt,act,tokens,top_k,bias,tiles", MMA_CASES)
+@pytest.mark.parametrize("fmt,act,tokens,top_k,bias,tiles", MMA_CASES, ids=_tiles_id)
 def test_mma_layer_interpreted(fmt, act, tokens, top_k, bias, tiles):
     from dayzero.kernels.moe.configs import MmaConfig
 

@@ -40,8 +40,13 @@ MXFP4_CASES = ci_cases([(a, *MXFP4_SHAPES[i]) for a, i in _MXFP4_CI + [
     (a, i) for a in ACTIVATIONS for i in range(3) if (a, i) not in _MXFP4_CI]], keep=len(_MXFP4_CI))
 
 
+def _tiles_id(value):
+    """A case's tiles in its test id as 16x32x64 (the rest as pytest names them)."""
+    return "x".join(map(str, value)) if isinstance(value, tuple) else None
+
+
 @interpreter
-@pytest.mark.parametrize("act,tokens,top_k,bias,tiles", MXFP4_CASES)
+@pytest.mark.parametrize("act,tokens,top_k,bias,tiles", MXFP4_CASES, ids=_tiles_id)
 def test_mxfp4_layer_interpreted(act, tokens, top_k, bias, tiles):
     gen = torch.Generator().manual_seed(tokens * 7 + top_k)
     E, H, I = 6, 96, 64  # H = 96 is not a multiple of BLOCK_K 64/128: the masked K tail runs too
