@@ -23,6 +23,7 @@ from dayzero.ops.paged import PagedStream, SeqBatch
 from dayzero.ops.registry import REGISTRY
 from tests.budget import ci_cases
 from tests.kernels.conftest import cuda, interpreter
+from tests.kernels.sm90_compile import register, report
 from tests.ops.paged_inputs import paged_stream, random_batch
 
 reference = paged_op.reference.fn
@@ -176,25 +177,18 @@ def test_choose_rule():
     assert not choose((1,) * 64, (8192,) * 64, 64, 8, 64, None, flash_ok=True).flash  # decodes only
 
 
-@pytest.mark.parametrize("args", ci_cases([["--heads", "8x2", "--dim", "32", "--query-len", "9", "--no-sinks"],
-                                             ["--heads", "64x8", "--dim", "64", "--query-len", "5", "--window"],
-                                             ["--heads", "32x4", "--dim", "128", "--query-len", "3000"],
-                                             ["--heads", "16x16", "--dim", "256", "--query-len", "40"]], keep=2))
+@pytest.mark.parametrize("args", register("sass_attention_gqa", [["prefill", "--page", "16", *a] for a in ci_cases([
+    ["--heads", "8x2", "--dim", "32", "--query-len", "9", "--no-sinks"],
+    ["--heads", "64x8", "--dim", "64", "--query-len", "5", "--window"],
+    ["--heads", "32x4", "--dim", "128", "--query-len", "3000"],
+    ["--heads", "16x16", "--dim", "256", "--query-len", "40"]], keep=2)]))
 def test_prefill_tiles_choose_picks_compile_for_sm90(args):
     """The prefill kernel at the tiles choose picks, compiled for sm_90 here (Triton's bundled ptxas, no
     GPU; tools/sass_attention_gqa.py): ptxas finishes and nothing spills. The first case crashed ptxas
     (SIGSEGV: 64 x 64 tiles of 32-wide heads, 4 warps, 3 stages, pages of 16) on a Qwen3.5 test model."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_attention_gqa.py"), "prefill", "--page", "16",
-                          *args], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-2000:]
-    assert "stack (spills) 0 B" in run.stdout, run.stdout
+    code, out, err, _ = report("sass_attention_gqa", args)
+    assert code == 0, (out + err)[-2000:]
+    assert "stack (spills) 0 B" in out, out
 
 
 def test_checks_name_the_argument():

@@ -14,6 +14,7 @@ import torch
 from dayzero.ops.moe import Activation, _experts_reference
 from tests.kernels.conftest import cuda, interpreter
 from tests.kernels.moe_inputs import exact, random_layer, random_mxfp4, random_routing, rel_err
+from tests.kernels.sm90_compile import register, report
 from tests.kernels.test_moe_mxfp4 import ACTIVATIONS, MODELS, model_layers  # noqa: F401  (fixture)
 
 
@@ -23,9 +24,14 @@ def _run(x, ids, w, experts, act, config):
     return moe_experts_mxfp4(x, ids, w, experts, act, Plan("decode_sm90" if config.gluon else "decode", config))
 
 
+# CI: each block_m, each activation and bias on and off once; DAYZERO_FULL_TESTS=1: every activation at 1 and 3 tokens
+DECODE_LAYER_CASES = ci_cases([(1, 1, True, "swiglu"), (3, 2, False, "swiglu_limit"), (9, 4, True, "gpt_oss")] + [
+    (1, 1, True, a) for a in ("swiglu_limit", "gpt_oss")] + [(3, 2, False, a) for a in ("swiglu", "gpt_oss")] + [
+    (9, 4, False, "swiglu_limit")], keep=3)
+
+
 @interpreter
-@pytest.mark.parametrize("tokens,block_m,bias,act", [(1, 1, True, a) for a in ACTIVATIONS] + [
-    (3, 2, False, a) for a in ACTIVATIONS] + [(9, 4, True, "gpt_oss"), (9, 4, False, "swiglu_limit")])
+@pytest.mark.parametrize("tokens,block_m,bias,act", DECODE_LAYER_CASES)
 def test_decode_layer_interpreted(tokens, block_m, bias, act):
     """H = 96 with BLOCK_K 64: the last K tile overlaps the one before (its repeated blocks must
     count once); 9 tokens x top-2 over 6 experts puts more than 4 rows on some experts (two blocks)."""
@@ -354,26 +360,19 @@ def test_decode_layer_gluon_cuda(model, tokens, gluon, tiles, model_layers):  # 
     assert rel_err(_run(x, bad, w, experts, act, cfg), _run(x, bad, w, experts, act, triton_cfg)) < 2e-3
 
 
-@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--gated", "--tile", "1x32x256x8"],
-                                  ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
-                                  ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]]))
+@pytest.mark.parametrize("args", register("sass_moe_decode", ci_cases([
+    ["--k", "2880", "--gated", "--tile", "1x32x256x8"],
+    ["--k", "2880", "--gated", "--tile", "1x32x512x4", "--stages", "3"],
+    ["--k", "2048", "--tile", "2x64x256x4", "--stages", "3"]])))
 def test_decode_kernel_sass_for_sm90(args):
     """Compiled for sm_90 here (Triton's bundled ptxas, no GPU; tools/sass_moe_decode.py): nothing
     spills, the weight decode costs at most 4.5 PRMT and 4 dp4a per weight word per row (the offset
     bytes: two permutes per four codes), and the pipelined loop copies its tiles asynchronously
     (LDGSTS) into shared memory."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode.py"), *args], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = run.stdout
+    code, out, err, _ = report("sass_moe_decode", args)
+    assert code == 0, err[-2000:]
     assert "stack (spills) 0 B" in out, out
     rows = int(args[args.index("--tile") + 1].split("x")[0])
     per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
@@ -381,47 +380,34 @@ def test_decode_kernel_sass_for_sm90(args):
     assert ("LDGSTS" in per_word) == ("--stages" in args), out
 
 
-@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3"],
-                                  ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--normal"],
-                                  ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]]))
+@pytest.mark.parametrize("args", register("sass_moe_decode_sm90", ci_cases([
+    ["--k", "2880", "--gated", "--tile", "32x256x8", "--stages", "3"],
+    ["--k", "2880", "--tile", "32x512x8", "--stages", "3", "--normal"],
+    ["--k", "4096", "--out", "2048", "--gated", "--tile", "32x512x8", "--stages", "2"]])))
 def test_gluon_decode_kernel_sass_for_sm90(args):
     """_decode_sm90's GEMMs compiled for sm_90 here (tools/sass_moe_decode_sm90.py, no GPU): nothing
     spills, 4 dp4a and at most 4.1 PRMT per weight word (prologue and epilogue included), the shared-memory
     ring filled by cp.async (LDGSTS)."""
-    import os
     import re
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode_sm90.py"), *args],
-                         capture_output=True, text=True, env=env, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = run.stdout
+    code, out, err, _ = report("sass_moe_decode_sm90", args)
+    assert code == 0, err[-2000:]
     assert "stack (spills) 0 B" in out, out
     per_word = {op: float(v) for op, v in re.findall(r"([A-Z0-9]+) ([0-9.]+)", out.split("per word:")[1])}
     assert per_word["IDP"] == 4 and per_word["PRMT"] <= 4.1 and "LDGSTS" in per_word, out
 
 
+PDL_CASES = register("sass_moe_decode", [["--k", "2880", "--tile", "1x32x1024x8", "--pdl", "--dump", "DUMP"] + early
+                                         for early in ([], ["--early"])])
+
+
 @pytest.mark.parametrize("early", [False, True])
-def test_decode_kernel_early_loads_precede_the_pdl_wait(early, tmp_path):
+def test_decode_kernel_early_loads_precede_the_pdl_wait(early):
     """Compiled for sm_90 with the PDL wait (ACQBULK): with early, the weight tiles' 16-byte loads are
     issued before the wait; without it, no global load precedes the wait (tools/sass_moe_decode.py)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    dump = tmp_path / "kernel.sass"
-    args = ["--k", "2880", "--tile", "1x32x1024x8", "--pdl", "--dump", str(dump)] + (["--early"] if early else [])
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_decode.py"), *args], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    lines = dump.read_text().splitlines()
+    code, _, err, dump = report("sass_moe_decode", PDL_CASES[early])
+    assert code == 0, err[-2000:]
+    lines = dump.splitlines()
     wait = next(i for i, line in enumerate(lines) if "ACQBULK" in line)
     before = [line for line in lines[:wait] if "LDG.E.128" in line]
     if early:

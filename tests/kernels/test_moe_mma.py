@@ -10,6 +10,8 @@ import torch
 from dayzero.ops.moe import Activation, _experts_reference
 from tests.kernels.conftest import cuda, interpreter
 from tests.kernels.moe_inputs import as_bf16, exact, random_layer, random_routing, rel_err
+from tests.kernels.sm90_compile import register, report
+from tests.kernels.test_moe_mxfp4 import _tiles_id
 
 GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
 ACTIVATIONS = {"swiglu": Activation("swiglu"), "swiglu_limit": Activation("swiglu", limit=1.5), "gpt_oss": GPT_OSS}
@@ -29,13 +31,20 @@ def _check(x, ids, w, experts, act, configs):
     assert rel_err(out, _experts_reference(x, ids, w, experts, act)) < 1.5e-2
 
 
-@interpreter
-@pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
-@pytest.mark.parametrize("act", list(ACTIVATIONS))
-@pytest.mark.parametrize("tokens,top_k,bias,tiles", [
+MMA_SHAPES = [
     (40, 2, True, (16, 32, 64, 2)),     # H = 96: masked K tail in gate/up, N tail (96 of 2 x 64) in down
     (23, 3, False, (32, 64, 32, 4)),    # blocks past the last used one; GROUP_M 4 over an uneven count
-])
+]
+# CI: each format with every activation and both shapes; DAYZERO_FULL_TESTS=1: every format x activation x shape
+_MMA_CI = [("mxfp4", "gpt_oss", 0), ("mxfp4", "swiglu", 1), ("mxfp4", "swiglu_limit", 1),
+           ("bf16", "swiglu", 0), ("bf16", "swiglu_limit", 1), ("bf16", "gpt_oss", 1)]
+MMA_CASES = ci_cases([(f, a, *MMA_SHAPES[i]) for f, a, i in _MMA_CI + [
+    (f, a, i) for f in ("mxfp4", "bf16") for a in ACTIVATIONS for i in range(2) if (f, a, i) not in _MMA_CI]],
+    keep=len(_MMA_CI))
+
+
+@interpreter
+@pytest.mark.parametrize("fmt,act,tokens,top_k,bias,tiles", MMA_CASES, ids=_tiles_id)
 def test_mma_layer_interpreted(fmt, act, tokens, top_k, bias, tiles):
     from dayzero.kernels.moe.configs import MmaConfig
 
@@ -91,19 +100,11 @@ def test_mma_layer_full_shapes_cuda(model, tokens, variant):
     assert rel_err(out, exact(x, ids, w, experts, act)) < 1e-2
 
 
-@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--mxfp4", "--gated", "--tile", "128x64x64x4x4"],
-                                  ["--k", "2048", "--tile", "128x128x64x8x4"]]))
+@pytest.mark.parametrize("args", register("sass_moe_mma", ci_cases([
+    ["--k", "2880", "--mxfp4", "--gated", "--tile", "128x64x64x4x4"], ["--k", "2048", "--tile", "128x128x64x8x4"]])))
 def test_prefill_kernel_compiles_to_wgmma_for_sm90(args):
     """Compiled for sm_90 here (Triton's bundled ptxas, no GPU): the main loop issues wgmma (HGMMA)
     and nothing spills, for the MXFP4 gate/up and the bf16 down GEMM tiles the rule picks."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, str(root / "tools" / "sass_moe_mma.py"), *args], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "stack (spills) 0 B" in run.stdout and "HGMMA" in run.stdout, run.stdout
+    code, out, err, _ = report("sass_moe_mma", args)
+    assert code == 0, err[-2000:]
+    assert "stack (spills) 0 B" in out and "HGMMA" in out, out

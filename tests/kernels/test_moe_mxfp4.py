@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference
+from tests.budget import ci_cases
 from tests.kernels.conftest import cuda, interpreter
 from tests.kernels.moe_inputs import exact, random_layer, random_mxfp4, random_routing, rel_err
 
@@ -32,10 +33,20 @@ def _small_plan(block_m, block_n, block_k):
     return Plan("gemm", (c, c))
 
 
+MXFP4_SHAPES = [(1, 2, True, (16, 32, 64)), (9, 3, False, (16, 32, 128)), (37, 2, True, (32, 64, 64))]
+# CI: each shape once, each with another activation; DAYZERO_FULL_TESTS=1: every activation x shape
+_MXFP4_CI = [("swiglu", 0), ("swiglu_limit", 1), ("gpt_oss", 2)]
+MXFP4_CASES = ci_cases([(a, *MXFP4_SHAPES[i]) for a, i in _MXFP4_CI + [
+    (a, i) for a in ACTIVATIONS for i in range(3) if (a, i) not in _MXFP4_CI]], keep=len(_MXFP4_CI))
+
+
+def _tiles_id(value):
+    """A case's tiles in its test id as 16x32x64 (the rest as pytest names them)."""
+    return "x".join(map(str, value)) if isinstance(value, tuple) else None
+
+
 @interpreter
-@pytest.mark.parametrize("act", list(ACTIVATIONS))
-@pytest.mark.parametrize("tokens,top_k,bias,tiles", [(1, 2, True, (16, 32, 64)), (9, 3, False, (16, 32, 128)),
-                                                     (37, 2, True, (32, 64, 64))])
+@pytest.mark.parametrize("act,tokens,top_k,bias,tiles", MXFP4_CASES, ids=_tiles_id)
 def test_mxfp4_layer_interpreted(act, tokens, top_k, bias, tiles):
     gen = torch.Generator().manual_seed(tokens * 7 + top_k)
     E, H, I = 6, 96, 64  # H = 96 is not a multiple of BLOCK_K 64/128: the masked K tail runs too

@@ -3,11 +3,6 @@ under the interpreter), its sm_90 compilation on CPU (the upcast lands in the wg
 without data movement, nothing spills), and on CUDA the whole layer at both model shapes against the
 exact float32 layer and the reference op."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from tests.budget import ci_cases
@@ -16,9 +11,9 @@ import torch
 from dayzero.ops.moe import Activation, ExpertWeights, _experts_reference
 from tests.kernels.conftest import cuda, interpreter
 from tests.kernels.moe_inputs import exact, random_layer, random_mxfp4, random_routing, rel_err
+from tests.kernels.sm90_compile import register, report
 
 GPT_OSS = Activation("swiglu_clamped", alpha=1.702, limit=7.0)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _store_column(n: torch.Tensor) -> torch.Tensor:
@@ -75,19 +70,16 @@ def test_wgmma_config_checks():
             WgmmaConfig(**bad)
 
 
-@pytest.mark.parametrize("args", ci_cases([["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
-                                  ["--k", "4096", "--gated", "--bt", "64", "--low"],
-                                  ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
-                                  ["--k", "2048", "--bt", "128", "--low", "--pipeline"]], keep=2))
+@pytest.mark.parametrize("args", register("sass_moe_wgmma", ci_cases([
+    ["--k", "2880", "--gated", "--bt", "128"], ["--k", "2048", "--bt", "128"],
+    ["--k", "4096", "--gated", "--bt", "64", "--low"], ["--k", "2880", "--gated", "--bt", "128", "--pipeline"],
+    ["--k", "2048", "--bt", "128", "--low", "--pipeline"]], keep=2)))
 def test_wgmma_kernel_compiles_for_sm90(args):
     """Compiled for sm_90 on this machine (no GPU): the upcast's layout conversion is trivial (the
     kernel asserts it at compile time), the main loop issues HGMMA with its A operand from registers
     and reads no shared memory by hand, nothing spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(ROOT / "tools" / "sass_moe_wgmma.py"), *args], capture_output=True,
-                         text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = run.stdout
+    code, out, err, _ = report("sass_moe_wgmma", args)
+    assert code == 0, err[-3000:]
     assert "stack (spills) 0 B" in out and "HGMMA" in out, out
     assert "LDS" not in out.split("main loop", 1)[1], out
     if "--pipeline" in args:  # one wgmma in flight: one WARPGROUP.ARRIVE and one DEPBAR per K tile, not per HGMMA
