@@ -43,13 +43,13 @@ def one_split(args) -> dict:
     import torch
 
     from dayzero.bench.offline import run_offline
-    from dayzero.bench.profile import SETTLE_STEPS, profile_decode
+    from dayzero.bench.profile import profile_decode, tokens_needed
     from dayzero.bench.workload import Workload
     from dayzero.engine.llm import LLM
     from dayzero.engine.sampling import SamplingParams
 
     tp, ep = args.one
-    profile_tokens = 2 * args.profile_steps + SETTLE_STEPS + 2
+    profile_tokens = tokens_needed(args.profile_steps)
     t0 = time.perf_counter()
     llm = LLM(args.model, device=args.device, dtype=args.dtype, tensor_parallel_size=tp, expert_parallel_size=ep,
               expert_dispatch=args.expert_dispatch, max_num_seqs=max(args.levels), enable_prefix_caching=False,

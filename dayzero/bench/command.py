@@ -131,7 +131,9 @@ def _bench_offline(args, model_dir: Path, workload: Workload, levels: list[int |
               f"--max-running-requests is {args.max_running_requests}: the engine runs that many together, the "
               "rest wait in its queue (their TTFT includes the wait)", file=sys.stderr)
     if args.max_model_len is None:  # with --profile-steps, room for the profiled requests' longer outputs
-        args.max_model_len = workload.max_request_len + (_profile_tokens(args) if args.profile_steps else 0)
+        from dayzero.bench.profile import tokens_needed
+
+        args.max_model_len = workload.max_request_len + (tokens_needed(args.profile_steps) if args.profile_steps else 0)
     llm = LLM(model_dir, **llm_kwargs(args), progress=not args.disable_tqdm)
     runs = []
     try:
@@ -169,20 +171,13 @@ def _bench_offline(args, model_dir: Path, workload: Workload, levels: list[int |
     return f"dayzero ({args.device}, {args.dtype}{split})", info, runs, baseline
 
 
-def _profile_tokens(args) -> int:
-    """Output tokens of a profiled request: its first, the settling steps, the timed and the profiled steps."""
-    from dayzero.bench.profile import SETTLE_STEPS
-
-    return 2 * args.profile_steps + SETTLE_STEPS + 2
-
-
 def _profile(args, llm, workload: Workload, level: int | None, index: int) -> dict:
     """--profile-steps: the collectives' share of decode steps of the level's batch (dayzero/bench/profile.py)."""
-    from dayzero.bench.profile import profile_decode
+    from dayzero.bench.profile import profile_decode, tokens_needed
     from dayzero.engine.sampling import SamplingParams
 
     batch = min(level or workload.num_prompts, workload.num_prompts, args.max_running_requests)
-    params = SamplingParams(max_tokens=_profile_tokens(args), temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=tokens_needed(args.profile_steps), temperature=0.0, ignore_eos=True)
     requests = [llm.engine.validate(r.prompt_token_ids, params, f"profiled prompt {i}")
                 for i, r in enumerate(workload.requests(index)[:batch])]
     return profile_decode(llm.engine, requests, args.profile_steps).summary()

@@ -28,6 +28,11 @@ _KINDS = (("allreduce", "all_reduce"), ("reducescatter", "reduce_scatter"), ("al
 SETTLE_STEPS = 2
 
 
+def tokens_needed(steps: int) -> int:
+    """Output tokens a profiled request must be allowed: its first, the settling, timed and profiled steps."""
+    return 2 * steps + SETTLE_STEPS + 1
+
+
 def collective_kind(name: str) -> tuple[str, str] | None:
     """('device' | 'host', kind) for a profiler event's name that is a collective (an NCCL kernel, a gloo
     collective), else None. kind is 'other' for a collective of no kind named here."""
@@ -71,13 +76,13 @@ class CollectiveProfile:
 
 def profile_decode(engine, requests: list[tuple[list[int], object]], steps: int, prefix: str = "profile"
                    ) -> CollectiveProfile:
-    """requests: (prompt ids, SamplingParams) already validated, each allowed at least 2 x steps +
-    SETTLE_STEPS + 1 tokens; the engine must be idle, and is idle again on return."""
+    """requests: (prompt ids, SamplingParams) already validated, each allowed at least tokens_needed(steps)
+    tokens; the engine must be idle, and is idle again on return."""
     from torch.profiler import ProfilerActivity, profile
 
     if steps < 1:
         raise ValueError(f"--profile-steps must be at least 1, got {steps}")
-    need = 2 * steps + SETTLE_STEPS + 1
+    need = tokens_needed(steps)
     for i, (_, params) in enumerate(requests):
         if params.max_tokens < need:
             raise ValueError(f"profiled request {i}: max_tokens {params.max_tokens} ends it before the profile does "
@@ -113,15 +118,10 @@ def profile_decode(engine, requests: list[tuple[list[int], object]], steps: int,
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])) as prof:
             profiled = run()
     finally:
-        for rid in ids:
+        for rid in ids:  # abort also forgets a finished request's track
             engine.abort(rid)
         while engine.has_unfinished():
             engine.step()
-        for rid in ids:
-            try:
-                engine.pop_finished(rid)
-            except KeyError:
-                pass
     result = CollectiveProfile(len(ids), steps, wall, profiled, on_cuda=on_cuda)
     for event in prof.events():
         result.add(event.name, event.time_range.elapsed_us() / 1e6)
